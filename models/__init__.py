@@ -1,0 +1,1 @@
+"""OCR engines behind one interface (``models.engine.Engine``); one module per technology."""

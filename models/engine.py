@@ -1,0 +1,117 @@
+"""The one interface every OCR engine implements.
+
+An engine is built once per worker process and kept resident. The worker hands it micro-batches
+of pages that the CPU pool has already prepared exactly as ``input_spec`` asks (size, encoding),
+and gets back one outcome per page: an ``EngineOutput`` or the ``PaperlaneError`` that page hit.
+A failing page never fails its neighbours in the batch.
+
+Coordinates: ``EngineOutput.lines[*].quad`` are in pixels of the PREPARED image the engine was
+given; the pipeline maps them back to the original page with ``PreparedImage.to_original``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import numpy as np
+
+from paperlane.errors import PaperlaneError
+from paperlane.schemas import EngineInfo, Line, Point, TaskSpec, Usage
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """How an engine wants its pages: the CPU pool produces exactly this.
+
+    ``encoding="array"`` hands over decoded BGR pixels (in-process engines); "jpeg"/"png" hands
+    over encoded bytes ready to send (server engines). The image is scaled, keeping its aspect
+    ratio, so that its longer side is at most ``max_side`` and its pixel count at most
+    ``max_pixels``; it is scaled up to ``min_pixels``; each side is then rounded to a multiple of
+    ``multiple_of``.
+    """
+
+    encoding: Literal["array", "jpeg", "png"] = "array"
+    max_side: int = 2000
+    max_pixels: int | None = None
+    min_pixels: int | None = None
+    multiple_of: int = 1
+    jpeg_quality: int = 92
+
+
+@dataclass
+class PreparedImage:
+    """A page ready for the engine, and how to map its pixels back to the original."""
+
+    width: int
+    height: int
+    original_width: int
+    original_height: int
+    pixels: np.ndarray | None = None  # BGR uint8, when encoding == "array"
+    data: bytes | None = None  # encoded image, when encoding is "jpeg" or "png"
+    mime: str | None = None
+
+    def to_original(self, point: Point) -> Point:
+        """Map a point in prepared-image pixels to original-image pixels."""
+        sx = self.original_width / self.width
+        sy = self.original_height / self.height
+        return (round(point[0] * sx, 1), round(point[1] * sy, 1))
+
+
+@dataclass
+class EngineRequest:
+    image: PreparedImage
+    spec: TaskSpec = field(default_factory=TaskSpec)
+
+
+@dataclass
+class EngineOutput:
+    """What an engine read on one page (coordinates in prepared-image pixels)."""
+
+    text: str = ""
+    lines: list[Line] = field(default_factory=list)
+    markdown: str | None = None
+    fields: dict[str, object] | None = None
+    missing_fields: list[str] = field(default_factory=list)
+    truncated: bool = False
+    usage: Usage | None = None
+    raw: str | None = None  # the model's raw answer, where there is one
+    seconds: float | None = None  # this page's own inference time, when the engine knows it
+
+
+Outcome = EngineOutput | PaperlaneError
+
+
+class Engine(Protocol):
+    """An OCR engine, resident for the life of a worker process."""
+
+    @property
+    def info(self) -> EngineInfo:
+        """Name, version and model of this engine, recorded on every result."""
+        ...
+
+    @property
+    def input_spec(self) -> InputSpec:
+        """How pages must be prepared for ``infer``."""
+        ...
+
+    def start(self) -> None:
+        """Load the model (or wait for the server) and warm it up.
+
+        Raises ``EngineUnavailable`` when a server does not become ready in time and
+        ``UsageError`` when the engine is misconfigured (missing model, unknown profile).
+        """
+        ...
+
+    def infer(self, requests: Sequence[EngineRequest]) -> list[Outcome]:
+        """Run one micro-batch; return one outcome per request, in order.
+
+        Never raises for a single page's failure: that page's outcome is the error. Raises
+        ``EngineUnavailable`` only when the whole engine is gone.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release the model, connections and threads. Safe to call twice."""
+        ...

@@ -1,0 +1,118 @@
+"""The data that crosses package boundaries: tasks, stages, page results.
+
+These are the public shapes: the result JSON that ``paperlane run`` writes and the worker stores
+is a ``PageResult`` dumped with ``model_dump(mode="json")``.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class JobStatus(str, Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED)
+
+
+class Task(str, Enum):
+    SPOTTING = "spotting"  # lines with boxes
+    PARSE = "parse"  # markdown of the whole page
+    TEXT = "text"  # plain text
+    FIELDS = "fields"  # caller-given keys, answered as JSON
+    TRANSLATE = "translate"  # extract, then translate
+
+
+class Stage(str, Enum):
+    """The stages every page is timed through, in pipeline order."""
+
+    UPLOAD = "upload"  # producer: read the input, put the original, insert the row
+    QUEUE_WAIT = "queue_wait"  # row created -> a worker starts it
+    PREPROCESS = "preprocess"  # fetch the original, decode, orient, resize (CPU pool)
+    INFERENCE = "inference"  # the engine's share of the micro-batch
+    POSTPROCESS = "postprocess"  # map boxes back, reading order, clean-up
+    STORE = "store"  # draw the annotated image, write objects and rows
+
+
+STAGES: tuple[Stage, ...] = tuple(Stage)
+
+
+class TaskSpec(BaseModel):
+    """What to do with a page: the task and its options."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task: Task = Task.SPOTTING
+    fields: tuple[str, ...] = ()
+    target_language: str = "English"
+
+    @model_validator(mode="after")
+    def _fields_need_keys(self) -> TaskSpec:
+        if self.task is Task.FIELDS and not self.fields:
+            raise ValueError("the fields task needs at least one key (--field NAME)")
+        return self
+
+    def cache_key(self) -> str:
+        """A stable string naming the task and the options that change its output."""
+        parts = [self.task.value]
+        if self.task is Task.FIELDS:
+            parts.append(",".join(self.fields))
+        if self.task is Task.TRANSLATE:
+            parts.append(self.target_language)
+        return ":".join(parts)
+
+
+Point = tuple[float, float]
+
+
+class Line(BaseModel):
+    """One recognised line: its text, the engine's confidence, its four corners.
+
+    ``quad`` is clockwise from the top-left corner, in pixels of the ORIGINAL page image.
+    Engines that give no confidence (VLMs) leave it ``None``.
+    """
+
+    text: str
+    confidence: float | None = None
+    quad: list[Point] | None = None
+
+
+class EngineInfo(BaseModel):
+    name: str
+    version: str
+    model: str | None = None
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class PageResult(BaseModel):
+    """The structured result of one page, success or failure."""
+
+    job_id: str
+    source: str
+    page: int = Field(1, description="1-based page number inside the source file")
+    status: JobStatus
+    error: str | None = None
+    task: Task = Task.SPOTTING
+    text: str = ""
+    lines: list[Line] = Field(default_factory=list)
+    markdown: str | None = None
+    fields: dict[str, Any] | None = None
+    missing_fields: list[str] = Field(default_factory=list)
+    truncated: bool = Field(False, description="the engine stopped at its token limit: the output is incomplete")
+    width: int | None = None
+    height: int | None = None
+    engine: EngineInfo | None = None
+    usage: Usage | None = None
+    timings: dict[str, float] = Field(default_factory=dict, description="seconds per stage")

@@ -1,0 +1,120 @@
+"""One settings class for all of paperlane.
+
+Built once at an entry point (``Settings()`` reads ``PAPERLANE_*`` variables and, if given, a
+TOML/JSON/YAML-free ``.env``-style file) and passed down; library code never reads the
+environment. The defaults are the embedded stack: SQLite and a local folder under ``data_dir``,
+the RapidOCR engine on the CPU, no Redis.
+
+Nested sections use ``__``: ``PAPERLANE_DATABASE__URL=postgresql+psycopg2://...``,
+``PAPERLANE_STORAGE__BACKEND=s3``, ``PAPERLANE_ENGINE__KIND=vllm``.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+
+from pydantic import BaseModel, Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class RedisSettings(BaseModel):
+    url: str = "redis://127.0.0.1:6379/0"
+    # Seconds before Redis hands an un-acked message to another worker. Must stay well above the
+    # longest page; redelivered pages are harmless (results are idempotent) but cost work.
+    visibility_timeout: int = 3600
+
+
+class DatabaseSettings(BaseModel):
+    url: str | None = Field(None, description="SQLAlchemy URL; default: SQLite under data_dir")
+    pool_size: int = 5
+    echo: bool = False
+
+
+class StorageBackend(str, Enum):
+    LOCAL = "local"
+    S3 = "s3"
+
+
+class StorageSettings(BaseModel):
+    backend: StorageBackend = StorageBackend.LOCAL
+    root: Path | None = Field(None, description="local backend: folder; default data_dir/objects")
+    bucket: str = "paperlane"
+    endpoint_url: str | None = None
+    region: str = "us-east-1"
+    access_key_id: str | None = None
+    secret_access_key: SecretStr | None = None
+    create_bucket: bool = True
+    prefix: str = ""
+
+
+class EngineKind(str, Enum):
+    RAPID = "rapid"  # embedded CPU engine, models inside the wheel
+    VLLM = "vllm"  # a resident vLLM OpenAI-compatible server
+    VLLM_INPROCESS = "vllm-inprocess"  # vLLM AsyncLLM inside the worker process
+    TRANSFORMERS = "transformers"  # plain PyTorch, for development and comparison
+
+
+class EngineSettings(BaseModel):
+    kind: EngineKind = EngineKind.RAPID
+    url: str | None = Field(None, description="vllm: the server's OpenAI base URL, e.g. http://host:8000/v1")
+    model: str | None = Field(None, description="served model name (vllm) or a local model folder")
+    profile: str = "hunyuanocr-1.0"
+    api_key: SecretStr | None = None
+    max_in_flight: int = 16
+    request_timeout: float = 120.0
+    startup_timeout: float = 600.0
+    max_tokens: int = 4096
+    rapid_max_side: int = 2000
+
+    @model_validator(mode="after")
+    def _needs(self) -> EngineSettings:
+        if self.kind is EngineKind.VLLM and not self.url:
+            raise ValueError("engine kind 'vllm' needs engine.url (--engine-url http://HOST:PORT/v1)")
+        if self.kind in (EngineKind.VLLM_INPROCESS, EngineKind.TRANSFORMERS) and not self.model:
+            raise ValueError(f"engine kind '{self.kind.value}' needs engine.model (--model DIR)")
+        return self
+
+
+class WorkerSettings(BaseModel):
+    preprocess_processes: int = Field(1, ge=0, description="CPU pool size; 0 preprocesses in-process")
+    batch_size: int = Field(8, ge=1)
+    batch_wait: float = Field(0.05, ge=0, description="seconds a micro-batch waits to fill")
+    max_attempts: int = Field(3, ge=1)
+    retry_backoff: float = Field(2.0, ge=0, description="seconds before the first retry; doubles each time")
+    max_image_pixels: int = Field(150_000_000, description="refuse larger images before decoding them")
+    max_input_bytes: int = Field(200 * 1024 * 1024)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="PAPERLANE_",
+        env_nested_delimiter="__",
+        env_file=None,
+        extra="ignore",
+    )
+
+    data_dir: Path = Path(".paperlane")
+    log_level: str = "INFO"
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+    database: DatabaseSettings = Field(default_factory=DatabaseSettings)
+    storage: StorageSettings = Field(default_factory=StorageSettings)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+
+    @property
+    def database_url(self) -> str:
+        if self.database.url:
+            return self.database.url
+        return f"sqlite:///{(self.data_dir / 'paperlane.db').resolve()}"
+
+    @property
+    def storage_root(self) -> Path:
+        return (self.storage.root or self.data_dir / "objects").resolve()
+
+
+def load_settings(env_file: Path | None = None, **overrides: object) -> Settings:
+    """Build the settings at an entry point: environment, then ``env_file``, then ``overrides``."""
+    if env_file is not None:
+        return Settings(_env_file=env_file, **overrides)  # type: ignore[call-arg]
+    return Settings(**overrides)  # type: ignore[arg-type]
