@@ -39,6 +39,14 @@ class PaperlaneError(Exception):
     def __str__(self) -> str:
         return self.message
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Errors cross process boundaries (the CPU pool); keep stage and retryable on the way.
+        return (_rebuild, (type(self), self.message, self.stage, self.retryable))
+
+
+def _rebuild(cls: type[PaperlaneError], message: str, stage: str | None, retryable: bool) -> PaperlaneError:
+    return cls(message, stage=stage, retryable=retryable)
+
 
 class UsageError(PaperlaneError):
     """The command line or the settings are wrong."""

@@ -1,0 +1,91 @@
+"""The embedded CPU engine: RapidOCR (PP-OCR detection + recognition on ONNX Runtime).
+
+Its default models ship inside the ``rapidocr`` wheel, so it runs anywhere with nothing to
+download. The angle classifier stays OFF: on clean horizontal text it flips lines and reads
+them as garbage (see shared/notes/ocr-engines.md). It reads lines only, so every task is
+answered from the spotted lines: ``text`` and ``parse`` get the lines in reading order.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from importlib.metadata import version
+
+import cv2
+import numpy as np
+
+from models.engine import EngineOutput, EngineRequest, InputSpec, Outcome
+from paperlane.errors import EngineError, InputError, UsageError
+from paperlane.schemas import EngineInfo, Line, Task
+
+log = logging.getLogger(__name__)
+
+
+class RapidEngine:
+    def __init__(self, *, max_side: int = 2000) -> None:
+        self._max_side = max_side
+        self._ocr: object | None = None
+        self._info = EngineInfo(name="rapidocr", version=version("rapidocr"), model="PP-OCR (bundled)")
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    @property
+    def input_spec(self) -> InputSpec:
+        # RapidOCR caps images at 2000 px itself; giving it more only costs decode time.
+        return InputSpec(encoding="array", max_side=self._max_side)
+
+    def start(self) -> None:
+        if self._ocr is not None:
+            return
+        from rapidocr import RapidOCR
+
+        t0 = time.perf_counter()
+        self._ocr = RapidOCR(params={"Global.use_cls": False, "Global.log_level": "warning"})
+        # The first call at a new size is slow; pay for it now, not on the first page.
+        warm = np.full((64, 320, 3), 255, np.uint8)
+        cv2.putText(warm, "paperlane 0123", (10, 44), cv2.FONT_HERSHEY_SIMPLEX, 1.0, (0, 0, 0), 2)
+        self._ocr(warm)  # type: ignore[operator]
+        log.info("rapidocr ready in %.2fs", time.perf_counter() - t0)
+
+    def infer(self, requests: Sequence[EngineRequest]) -> list[Outcome]:
+        if self._ocr is None:
+            raise UsageError("engine not started")
+        return [self._one(req) for req in requests]
+
+    def _one(self, req: EngineRequest) -> Outcome:
+        if req.spec.task in (Task.FIELDS, Task.TRANSLATE):
+            return InputError(f"the rapidocr engine cannot do the {req.spec.task.value} task; "
+                              "use a VLM engine (--engine vllm)", stage="inference")
+        pixels = req.image.pixels
+        if pixels is None:
+            return EngineError("rapidocr needs decoded pixels", stage="inference")
+        t0 = time.perf_counter()
+        try:
+            out = self._ocr(pixels)  # type: ignore[operator]
+        except Exception as exc:  # onnxruntime raises plain RuntimeErrors
+            log.exception("rapidocr failed")
+            return EngineError(f"rapidocr failed: {type(exc).__name__}", stage="inference")
+        lines = _lines(out)
+        text = "\n".join(ln.text for ln in lines)
+        return EngineOutput(text=text, lines=lines, markdown=text if req.spec.task is Task.PARSE else None,
+                            seconds=time.perf_counter() - t0)
+
+    def close(self) -> None:
+        self._ocr = None
+
+
+def _lines(out: object) -> list[Line]:
+    boxes = getattr(out, "boxes", None)
+    txts = getattr(out, "txts", None) or ()
+    scores = getattr(out, "scores", None) or ()
+    if boxes is None:
+        return []
+    return [
+        Line(text=t, confidence=round(float(s), 4), quad=[(float(x), float(y)) for x, y in box])
+        for box, t, s in zip(boxes, txts, scores)
+        if t.strip()
+    ]

@@ -1,0 +1,46 @@
+"""The Celery application's configuration, shared by the producer (publishes) and the workers.
+
+Settings verified in shared/notes/celery-priority.md: kombu's ``priority`` queue-order strategy
+makes message priority (0 first) dominate queue order on Redis; prefetch 1 and late acks keep
+reserved-but-not-started messages few, so priority still holds, and a killed worker's message is
+redelivered.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from paperlane.settings import Settings
+from priority.lanes import ALL_QUEUES, PRIORITY_STEPS, TASK_PROCESS_PAGE, Lane
+
+
+def make_celery(settings: Settings) -> Celery:
+    """A Celery app bound to the settings' Redis; no tasks registered (the worker adds them)."""
+    app = Celery("paperlane", broker=settings.redis.url, set_as_current=False)
+    transport = {
+        "queue_order_strategy": "priority",
+        "priority_steps": PRIORITY_STEPS,
+        "sep": ":",
+        "visibility_timeout": settings.redis.visibility_timeout,
+    }
+    app.conf.update(
+        broker_transport_options=transport,
+        broker_connection_retry_on_startup=True,
+        task_default_queue=Lane.BATCH.queue,
+        task_queues=None,
+        task_routes={TASK_PROCESS_PAGE: {"queue": Lane.BATCH.queue}},
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_ignore_result=True,
+        task_serializer="json",
+        accept_content=["json"],
+        worker_prefetch_multiplier=1,
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+        broker_heartbeat=0,
+    )
+    return app
+
+
+def listen_queues() -> list[str]:
+    return list(ALL_QUEUES)

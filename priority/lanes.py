@@ -1,0 +1,42 @@
+"""Lanes and the names they map to in the broker.
+
+Two lanes: ``interactive`` (one page back fast) and ``batch`` (the bulk backlog). Each lane is a
+Celery queue of its own, and every message also carries a Redis priority: with kombu's
+``priority`` queue-order strategy, priority 0 is served first across ALL queues a worker
+listens to, so an interactive page overtakes any batch backlog that is still in Redis.
+Within a lane, a caller may order pages with a level 0..4 (0 first).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from paperlane.errors import UsageError
+
+TASK_PROCESS_PAGE = "paperlane.process_page"
+
+PRIORITY_STEPS: list[int] = list(range(10))
+LEVELS_PER_LANE = 5
+
+
+class Lane(str, Enum):
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+
+    @property
+    def queue(self) -> str:
+        return f"paperlane.{self.value}"
+
+    @property
+    def base_priority(self) -> int:
+        return 0 if self is Lane.INTERACTIVE else LEVELS_PER_LANE
+
+
+ALL_QUEUES: tuple[str, ...] = tuple(lane.queue for lane in Lane)
+
+
+def message_priority(lane: Lane, level: int = 0) -> int:
+    """The Redis message priority (0 = first) of a page in ``lane`` at ``level`` within it."""
+    if not 0 <= level < LEVELS_PER_LANE:
+        raise UsageError(f"priority level must be between 0 and {LEVELS_PER_LANE - 1}, got {level}")
+    return lane.base_priority + level

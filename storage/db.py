@@ -1,0 +1,90 @@
+"""The job database: PostgreSQL in production, SQLite embedded. SQLAlchemy 2 + Alembic.
+
+``Database`` owns the engine and a session factory; the functions in ``storage.jobs`` do the
+reads and writes. SQLAlchemy errors are mapped onto ``StorageUnavailable`` here, at the boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from paperlane.errors import StorageUnavailable
+
+log = logging.getLogger(__name__)
+
+_MIGRATIONS = Path(__file__).with_name("migrations")
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def as_utc(value: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes; every timestamp paperlane writes is UTC."""
+    if value is None or value.tzinfo is not None:
+        return value
+    return value.replace(tzinfo=timezone.utc)
+
+
+def _sqlite_pragmas(dbapi_conn: object, _record: object) -> None:
+    cur = dbapi_conn.cursor()  # type: ignore[attr-defined]
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.close()
+
+
+class Database:
+    """A connection pool and session factory for one database URL."""
+
+    def __init__(self, url: str, *, pool_size: int = 5, echo: bool = False) -> None:
+        self.url = url
+        if url.startswith("sqlite"):
+            path = url.split("///", 1)[-1]
+            if path and path != ":memory:":
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self.engine: Engine = create_engine(url, echo=echo, connect_args={"timeout": 30})
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        else:
+            self.engine = create_engine(url, echo=echo, pool_size=pool_size, pool_pre_ping=True)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    def upgrade(self) -> None:
+        """Bring the schema to the newest migration. Safe to run from several processes at once."""
+        cfg = Config()
+        cfg.set_main_option("script_location", str(_MIGRATIONS))
+        try:
+            with self.engine.begin() as conn:
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, "head")
+        except (OperationalError, DBAPIError) as exc:
+            raise StorageUnavailable(f"database unreachable: {_short(exc)}", stage="store") from exc
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A session in a transaction, committed on success; DB failures become StorageUnavailable."""
+        try:
+            with self._sessions.begin() as session:
+                yield session
+        except (OperationalError, DBAPIError) as exc:
+            if getattr(exc, "connection_invalidated", False) or isinstance(exc, OperationalError):
+                raise StorageUnavailable(f"database unreachable: {_short(exc)}", stage="store") from exc
+            raise
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def _short(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", exc)) or type(exc).__name__
+    return text.strip().splitlines()[0][:200]

@@ -1,0 +1,158 @@
+"""Reads and writes of job rows and the results index.
+
+Every write is idempotent: a job is found by its key before it is created, a result row is
+replaced, not added, and finishing a job that already finished changes nothing it should not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.exc import IntegrityError
+
+from paperlane.errors import JobNotFound
+from paperlane.schemas import JobStatus, PageResult, Stage
+from storage.db import Database, as_utc, utcnow
+from storage.tables import JobRow, ResultRow
+
+STAGE_COLUMNS: dict[Stage, str] = {stage: f"{stage.value}_s" for stage in Stage}
+
+
+@dataclass
+class NewJob:
+    id: str
+    job_key: str
+    content_sha256: str
+    source: str
+    page: int
+    lane: str
+    priority: int
+    task: str
+    task_options: dict = field(default_factory=dict)
+    original_key: str | None = None
+    upload_s: float | None = None
+
+
+def create_job(db: Database, new: NewJob, *, status: JobStatus = JobStatus.QUEUED,
+               error: str | None = None, error_stage: str | None = None) -> tuple[JobRow, bool]:
+    """Insert the job unless one with its key exists; return (row, created)."""
+    existing = _by_key(db, new.job_key)
+    if existing is not None:
+        return existing, False
+    row = JobRow(**vars(new), status=status.value, attempts=0, error=error, error_stage=error_stage,
+                 created_at=utcnow())
+    if status.terminal:
+        row.finished_at = row.created_at
+    try:
+        with db.session() as s:
+            s.add(row)
+    except IntegrityError:  # a concurrent submit of the same page won the race
+        existing = _by_key(db, new.job_key)
+        assert existing is not None
+        return existing, False
+    return row, True
+
+
+def _by_key(db: Database, job_key: str) -> JobRow | None:
+    with db.session() as s:
+        return s.scalars(select(JobRow).where(JobRow.job_key == job_key)).one_or_none()
+
+
+def requeue(db: Database, job_id: str, *, upload_s: float | None = None) -> None:
+    """Put a finished job back in the queue (resubmission of a failed page, or --force)."""
+    with db.session() as s:
+        s.execute(update(JobRow).where(JobRow.id == job_id).values(
+            status=JobStatus.QUEUED.value, error=None, error_stage=None, attempts=0,
+            started_at=None, finished_at=None, created_at=utcnow(), enqueued_at=None, upload_s=upload_s,
+            queue_wait_s=None, preprocess_s=None, inference_s=None, postprocess_s=None, store_s=None))
+
+
+def mark_enqueued(db: Database, job_ids: Sequence[str]) -> None:
+    with db.session() as s:
+        s.execute(update(JobRow).where(JobRow.id.in_(job_ids)).values(enqueued_at=utcnow()))
+
+
+def get_job(db: Database, job_id: str) -> JobRow:
+    with db.session() as s:
+        row = s.get(JobRow, job_id)
+    if row is None:
+        raise JobNotFound(f"no job with id {job_id}")
+    return row
+
+
+def get_jobs(db: Database, job_ids: Iterable[str]) -> list[JobRow]:
+    ids = list(job_ids)
+    with db.session() as s:
+        rows = {r.id: r for r in s.scalars(select(JobRow).where(JobRow.id.in_(ids)))}
+    return [rows[i] for i in ids if i in rows]
+
+
+def start_attempt(db: Database, job_id: str) -> JobRow | None:
+    """Mark the job running and count the attempt; None when it already succeeded (redelivery)."""
+    now = utcnow()
+    with db.session() as s:
+        row = s.get(JobRow, job_id, with_for_update=True)
+        if row is None:
+            raise JobNotFound(f"no job with id {job_id}")
+        if row.status == JobStatus.SUCCEEDED.value:
+            return None
+        if row.attempts == 0 or row.queue_wait_s is None:
+            row.queue_wait_s = max(0.0, (now - as_utc(row.created_at)).total_seconds())  # type: ignore[operator]
+        row.status = JobStatus.RUNNING.value
+        row.attempts += 1
+        row.started_at = now
+        row.error = None
+        return row
+
+
+def record_retry(db: Database, job_id: str, reason: str, stage: str | None) -> None:
+    """The attempt failed but will be tried again: back to queued, the reason kept for operators."""
+    with db.session() as s:
+        s.execute(update(JobRow).where(JobRow.id == job_id).values(
+            status=JobStatus.QUEUED.value, error=f"retrying: {reason}", error_stage=stage))
+
+
+def finish_failed(db: Database, job_id: str, reason: str, stage: str | None,
+                  timings: dict[str, float] | None = None) -> None:
+    with db.session() as s:
+        s.execute(update(JobRow).where(JobRow.id == job_id, JobRow.status != JobStatus.SUCCEEDED.value)
+                  .values(status=JobStatus.FAILED.value, error=reason, error_stage=stage,
+                          finished_at=utcnow(), **_timing_values(timings or {})))
+
+
+def finish_succeeded(db: Database, job: JobRow, result: PageResult, *, engine: str,
+                     result_key: str, annotated_key: str | None, timings: dict[str, float]) -> None:
+    """Write the job's success and its results-index row in one transaction."""
+    confidences = [ln.confidence for ln in result.lines if ln.confidence is not None]
+    with db.session() as s:
+        s.execute(update(JobRow).where(JobRow.id == job.id).values(
+            status=JobStatus.SUCCEEDED.value, error=None, error_stage=None, engine=engine,
+            result_key=result_key, annotated_key=annotated_key, finished_at=utcnow(),
+            **_timing_values(timings)))
+        s.execute(delete(ResultRow).where(ResultRow.job_id == job.id))
+        s.add(ResultRow(
+            job_id=job.id, content_sha256=job.content_sha256, task=result.task.value, engine=engine,
+            line_count=len(result.lines),
+            mean_confidence=sum(confidences) / len(confidences) if confidences else None,
+            text=result.text, result_key=result_key, annotated_key=annotated_key, created_at=utcnow()))
+
+
+def _timing_values(timings: dict[str, float]) -> dict[str, float]:
+    return {STAGE_COLUMNS[Stage(k)]: v for k, v in timings.items() if k in Stage._value2member_map_}
+
+
+def job_timings(row: JobRow) -> dict[str, float]:
+    """The stage timings recorded on a row, in pipeline order, stages not reached left out."""
+    out = {}
+    for stage, column in STAGE_COLUMNS.items():
+        value = getattr(row, column)
+        if value is not None:
+            out[stage.value] = value
+    return out
+
+
+def count_results(db: Database, job_id: str) -> int:
+    with db.session() as s:
+        return len(s.scalars(select(ResultRow.job_id).where(ResultRow.job_id == job_id)).all())

@@ -1,0 +1,46 @@
+"""A local folder as object store: the embedded default."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from paperlane.errors import ObjectNotFound, StorageUnavailable
+
+
+class LocalStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def _path(self, key: str) -> Path:
+        path = (self.root / key).resolve()
+        if self.root.resolve() not in path.parents:
+            raise ValueError(f"object key escapes the store: {key!r}")
+        return path
+
+    def put(self, key: str, data: bytes, *, content_type: str = "application/octet-stream") -> None:
+        path = self._path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # Write then rename, so a reader never sees half an object.
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise StorageUnavailable(f"cannot write {key}: {exc.strerror}", stage="store") from exc
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError as exc:
+            raise ObjectNotFound(f"object {key} not found") from exc
+        except OSError as exc:
+            raise StorageUnavailable(f"cannot read {key}: {exc.strerror}") from exc
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def url(self, key: str) -> str:
+        return str(self._path(key))

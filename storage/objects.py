@@ -1,0 +1,57 @@
+"""The object store seam: originals, result JSON and annotated images.
+
+Backends beside this module: ``storage.localfs`` (a folder, the embedded default) and
+``storage.s3`` (any S3-compatible server through boto3). Keys are built only here, so the
+layout of the bucket is in one place:
+
+    originals/<sha256[:2]>/<sha256><ext>     content-addressed: uploading twice is a no-op
+    results/<job_id>.json                     one per job: a rewrite replaces it
+    annotated/<job_id>.png
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from paperlane.settings import Settings, StorageBackend
+
+
+class ObjectStore(Protocol):
+    def put(self, key: str, data: bytes, *, content_type: str = "application/octet-stream") -> None:
+        """Store ``data`` under ``key``, replacing what was there. Raises StorageUnavailable."""
+        ...
+
+    def get(self, key: str) -> bytes:
+        """The bytes under ``key``. Raises ObjectNotFound or StorageUnavailable."""
+        ...
+
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` holds an object. Raises StorageUnavailable."""
+        ...
+
+    def url(self, key: str) -> str:
+        """Where a person or a script finds the object (s3://bucket/key or a file path)."""
+        ...
+
+
+def original_key(sha256: str, ext: str) -> str:
+    return f"originals/{sha256[:2]}/{sha256}{ext.lower()}"
+
+
+def result_key(job_id: str) -> str:
+    return f"results/{job_id}.json"
+
+
+def annotated_key(job_id: str) -> str:
+    return f"annotated/{job_id}.png"
+
+
+def open_store(settings: Settings) -> ObjectStore:
+    """The object store the settings name."""
+    if settings.storage.backend is StorageBackend.S3:
+        from storage.s3 import S3Store
+
+        return S3Store.from_settings(settings.storage)
+    from storage.localfs import LocalStore
+
+    return LocalStore(settings.storage_root)

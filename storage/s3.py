@@ -1,0 +1,99 @@
+"""S3-compatible object storage through boto3 (AWS S3, MinIO, SeaweedFS, ...)."""
+
+from __future__ import annotations
+
+import logging
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError
+
+from paperlane.errors import ObjectNotFound, StorageError, StorageUnavailable
+from paperlane.settings import StorageSettings
+
+log = logging.getLogger(__name__)
+
+_MISSING = {"404", "NoSuchKey", "NotFound"}
+
+
+class S3Store:
+    def __init__(self, client: object, bucket: str, *, prefix: str = "") -> None:
+        self._s3 = client
+        self.bucket = bucket
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+
+    @classmethod
+    def from_settings(cls, cfg: StorageSettings) -> S3Store:
+        client = boto3.client(
+            "s3",
+            endpoint_url=cfg.endpoint_url,
+            region_name=cfg.region,
+            aws_access_key_id=cfg.access_key_id,
+            aws_secret_access_key=cfg.secret_access_key.get_secret_value() if cfg.secret_access_key else None,
+            config=Config(retries={"max_attempts": 4, "mode": "standard"}, connect_timeout=5, read_timeout=60,
+                          s3={"addressing_style": "path"}),
+        )
+        store = cls(client, cfg.bucket, prefix=cfg.prefix)
+        if cfg.create_bucket:
+            store.ensure_bucket()
+        return store
+
+    def ensure_bucket(self) -> None:
+        try:
+            self._s3.head_bucket(Bucket=self.bucket)  # type: ignore[attr-defined]
+        except ClientError as exc:
+            if _code(exc) not in _MISSING:
+                raise _mapped(exc, f"bucket {self.bucket}") from exc
+            try:
+                self._s3.create_bucket(Bucket=self.bucket)  # type: ignore[attr-defined]
+            except ClientError as exc2:
+                if _code(exc2) not in {"BucketAlreadyOwnedByYou", "BucketAlreadyExists"}:
+                    raise _mapped(exc2, f"bucket {self.bucket}") from exc2
+        except BotoCoreError as exc:
+            raise _mapped(exc, f"bucket {self.bucket}") from exc
+
+    def put(self, key: str, data: bytes, *, content_type: str = "application/octet-stream") -> None:
+        try:
+            self._s3.put_object(Bucket=self.bucket, Key=self.prefix + key, Body=data,  # type: ignore[attr-defined]
+                                ContentType=content_type)
+        except (ClientError, BotoCoreError) as exc:
+            raise _mapped(exc, key) from exc
+
+    def get(self, key: str) -> bytes:
+        try:
+            obj = self._s3.get_object(Bucket=self.bucket, Key=self.prefix + key)  # type: ignore[attr-defined]
+            return obj["Body"].read()
+        except (ClientError, BotoCoreError) as exc:
+            raise _mapped(exc, key) from exc
+
+    def exists(self, key: str) -> bool:
+        try:
+            self._s3.head_object(Bucket=self.bucket, Key=self.prefix + key)  # type: ignore[attr-defined]
+        except ClientError as exc:
+            if _code(exc) in _MISSING:
+                return False
+            raise _mapped(exc, key) from exc
+        except BotoCoreError as exc:
+            raise _mapped(exc, key) from exc
+        return True
+
+    def url(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self.prefix}{key}"
+
+
+def _code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def _mapped(exc: Exception, what: str) -> StorageError:
+    if isinstance(exc, ClientError):
+        code = _code(exc)
+        if code in _MISSING:
+            return ObjectNotFound(f"object {what} not found", stage="store")
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        if status >= 500 or code in {"SlowDown", "RequestTimeout", "ServiceUnavailable"}:
+            return StorageUnavailable(f"object store error on {what}: {code}", stage="store")
+        return StorageError(f"object store refused {what}: {code}", stage="store")
+    if isinstance(exc, EndpointConnectionError):
+        return StorageUnavailable(f"object store unreachable ({exc.kwargs.get('endpoint_url', '')})", stage="store")
+    return StorageUnavailable(f"object store error on {what}: {type(exc).__name__}", stage="store")

@@ -1,0 +1,167 @@
+"""Fixtures: real services for the session, a fresh stack per test, worker processes, the CLI."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import boto3
+import psycopg2
+import pytest
+import redis
+
+from paperlane.settings import Settings, load_settings
+from tests import services
+from tests.services import S3_KEY, S3_SECRET, Service
+
+PAPERLANE = str(Path(sys.executable).with_name("paperlane"))
+
+
+@pytest.fixture(scope="session")
+def service_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("services")
+
+
+def _service(starter: Callable[[Path], Service], root: Path) -> Iterator[Service]:
+    svc = starter(root)
+    try:
+        yield svc
+    finally:
+        svc.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_service(service_root: Path) -> Iterator[Service]:
+    yield from _service(services.start_redis, service_root / "redis")
+
+
+@pytest.fixture(scope="session")
+def postgres_service(service_root: Path) -> Iterator[Service]:
+    yield from _service(services.start_postgres, service_root / "postgres")
+
+
+@pytest.fixture(scope="session")
+def s3_service(service_root: Path) -> Iterator[Service]:
+    yield from _service(services.start_seaweedfs, service_root / "seaweedfs")
+
+
+@dataclass
+class Stack:
+    """One test's slice of the real services, and the config file that points paperlane at it."""
+
+    config: Path
+    settings: Settings
+    bucket: str
+    root: Path
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    def s3(self) -> object:
+        return boto3.client("s3", endpoint_url=self.settings.storage.endpoint_url, aws_access_key_id=S3_KEY,
+                            aws_secret_access_key=S3_SECRET, region_name="us-east-1")
+
+    def keys(self, prefix: str) -> list[str]:
+        resp = self.s3().list_objects_v2(Bucket=self.bucket, Prefix=prefix)  # type: ignore[attr-defined]
+        return sorted(o["Key"] for o in resp.get("Contents", []))
+
+
+def _write_config(path: Path, values: dict[str, str]) -> Path:
+    path.write_text("".join(f"PAPERLANE_{k}={v}\n" for k, v in values.items()))
+    return path
+
+
+@pytest.fixture
+def stack(tmp_path: Path, redis_service: Service, postgres_service: Service, s3_service: Service) -> Iterator[Stack]:
+    """Fresh database, empty Redis, new bucket: the distributed stack for one test."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    admin = psycopg2.connect(postgres_service.url.replace("postgresql+psycopg2", "postgresql"))
+    admin.autocommit = True
+    admin.cursor().execute(f"CREATE DATABASE {name}")
+    redis.Redis.from_url(redis_service.url).flushall()
+    bucket = name.replace("_", "-")
+    config = _write_config(tmp_path / "paperlane.env", {
+        "DATA_DIR": str(tmp_path / "data"),
+        "REDIS__URL": redis_service.url,
+        "DATABASE__URL": postgres_service.url.rsplit("/", 1)[0] + f"/{name}",
+        "STORAGE__BACKEND": "s3",
+        "STORAGE__ENDPOINT_URL": s3_service.url,
+        "STORAGE__BUCKET": bucket,
+        "STORAGE__ACCESS_KEY_ID": S3_KEY,
+        "STORAGE__SECRET_ACCESS_KEY": S3_SECRET,
+        "WORKER__RETRY_BACKOFF": "0.2",
+    })
+    try:
+        yield Stack(config, load_settings(config), bucket, tmp_path)
+    finally:
+        admin.cursor().execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+        admin.cursor().execute(f"DROP DATABASE IF EXISTS {name}")
+        admin.close()
+
+
+@pytest.fixture
+def embedded(tmp_path: Path) -> Stack:
+    """The embedded stack (SQLite + local folder) in a temporary folder."""
+    config = _write_config(tmp_path / "paperlane.env", {"DATA_DIR": str(tmp_path / "data")})
+    return Stack(config, load_settings(config), "", tmp_path)
+
+
+def cli(stack: Stack, *args: str, timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the real ``paperlane`` command against ``stack``."""
+    return subprocess.run([PAPERLANE, "--config", str(stack.config), *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd or stack.root, env=stack.env())
+
+
+class WorkerProcess:
+    def __init__(self, stack: Stack, *args: str, name: str = "w1") -> None:
+        self.log = stack.root / f"worker-{name}.log"
+        self.proc = subprocess.Popen([PAPERLANE, "--config", str(stack.config), "worker", "-n", f"{name}@test", *args],
+                                     stdout=self.log.open("wb"), stderr=subprocess.STDOUT, env=stack.env(),
+                                     cwd=stack.root, start_new_session=True)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 90) -> WorkerProcess:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if "ready." in self.output():
+                return self
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker exited with {self.proc.returncode}:\n{self.output()[-3000:]}")
+            time.sleep(0.2)
+        raise AssertionError(f"worker not ready in {timeout}s:\n{self.output()[-3000:]}")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def worker_factory() -> Iterator[Callable[..., WorkerProcess]]:
+    started: list[WorkerProcess] = []
+
+    def start(stack: Stack, *args: str, name: str = "w1", ready: bool = True) -> WorkerProcess:
+        w = WorkerProcess(stack, *args, name=name)
+        started.append(w)
+        return w.wait_ready() if ready else w
+
+    yield start
+    for w in started:
+        w.stop()

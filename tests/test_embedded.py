@@ -1,0 +1,81 @@
+"""``paperlane run``: the whole pipeline in one process on SQLite and a local folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import cv2
+import pytest
+
+from tests.conftest import Stack, cli
+from tests.metrics import cer
+from tests.pages import BAD_INPUTS, render_page, sample_lines, truncated_jpeg
+
+pytestmark = pytest.mark.slow
+
+
+def test_run_writes_the_output_contract(embedded: Stack, tmp_path: Path) -> None:
+    src = tmp_path / "in"
+    src.mkdir()
+    truths = {}
+    for i in range(3):
+        lines = sample_lines(10 + i)
+        (src / f"page{i}.png").write_bytes(render_page(lines))
+        truths[f"page{i}"] = "\n".join(lines)
+    rotated = sample_lines(20)
+    (src / "rotated.jpg").write_bytes(render_page(rotated, exif_rotate=True))
+    truths["rotated"] = "\n".join(rotated)
+    out = tmp_path / "out"
+
+    res = cli(embedded, "run", str(src), "--out", str(out))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "where the time went" in res.stdout and "inference" in res.stdout
+    for name, truth in truths.items():
+        result = json.loads((out / f"{name}.json").read_text())
+        assert result["status"] == "succeeded" and result["error"] is None
+        assert cer(result["text"], truth) < 0.02, (name, result["text"])
+        assert {"preprocess", "inference", "postprocess", "store"} <= set(result["timings"])
+        assert cv2.imread(str(out / f"{name}.png")) is not None
+        for line in result["lines"]:
+            xs, ys = [p[0] for p in line["quad"]], [p[1] for p in line["quad"]]
+            assert 0 <= min(xs) and max(xs) <= result["width"] + 2 and max(ys) <= result["height"] + 2
+    rotated_result = json.loads((out / "rotated.json").read_text())
+    assert rotated_result["width"] == 1240  # EXIF orientation applied: the page is upright
+
+
+def test_run_reports_bad_pages_and_exits_1(embedded: Stack, tmp_path: Path) -> None:
+    src = tmp_path / "in"
+    src.mkdir()
+    for name, data in BAD_INPUTS.items():
+        (src / name).write_bytes(data)
+    (src / "truncated.jpg").write_bytes(truncated_jpeg(sample_lines(1)))
+    (src / "good.png").write_bytes(render_page(sample_lines(2)))
+    out = tmp_path / "out"
+
+    res = cli(embedded, "run", *(str(p) for p in sorted(src.iterdir())), "--out", str(out))
+    assert res.returncode == 1, res.stdout + res.stderr
+    statuses = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
+    assert statuses["good"]["status"] == "succeeded"
+    for name in ("empty", "text-named", "huge-declared", "truncated"):
+        assert statuses[name]["status"] == "failed"
+        assert statuses[name]["error"] and "\n" not in statuses[name]["error"]
+        assert not (out / f"{name}.png").exists()
+
+
+def test_run_twice_resumes_instead_of_redoing(embedded: Stack, tmp_path: Path) -> None:
+    page = tmp_path / "page.png"
+    page.write_bytes(render_page(sample_lines(4)))
+    first = cli(embedded, "run", str(page), "--out", str(tmp_path / "a"))
+    second = cli(embedded, "run", str(page), "--out", str(tmp_path / "b"))
+    assert first.returncode == second.returncode == 0
+    a = json.loads((tmp_path / "a/page.json").read_text())
+    b = json.loads((tmp_path / "b/page.json").read_text())
+    assert a == b
+    assert len(list((embedded.settings.data_dir / "objects/results").iterdir())) == 1
+
+
+def test_usage_errors_exit_2(embedded: Stack, tmp_path: Path) -> None:
+    assert cli(embedded, "run", str(tmp_path / "missing.png"), "--out", str(tmp_path)).returncode == 2
+    assert cli(embedded, "run", "--no-such-option").returncode == 2
+    assert cli(embedded, "run", str(tmp_path), "--out", str(tmp_path), "--task", "fields").returncode == 2

@@ -1,0 +1,52 @@
+"""The retry policy around one attempt: after a page's outcome, retry it, fail it, or it is done.
+
+Kept apart from the attempt itself (``workers.pipeline``) so the Celery task and the embedded
+runner apply the same rules: a retryable error (engine or storage unreachable) is tried again
+with exponential backoff up to ``max_attempts``; anything else fails the page at once with its
+readable reason. Unknown exceptions are logged with their traceback and stored as "internal error".
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from paperlane.errors import is_retryable, public_reason
+from paperlane.settings import WorkerSettings
+from storage import jobs as jobstore
+from storage.db import Database
+from workers.pipeline import PageOutcome
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # "done" | "retry" | "failed"
+    delay: float = 0.0
+    reason: str | None = None
+
+
+def settle(db: Database, outcome: PageOutcome, cfg: WorkerSettings) -> Decision:
+    """Record the outcome of an attempt and say what happens next."""
+    job = outcome.job
+    if outcome.error is None:
+        log.info("job %s succeeded attempt=%d %s", job.id, job.attempts, _fmt(outcome.timings))
+        return Decision("done")
+    exc = outcome.error
+    reason = public_reason(exc)
+    stage = getattr(exc, "stage", None)
+    if not hasattr(exc, "retryable"):
+        log.error("job %s: unexpected error", job.id, exc_info=exc)
+    if is_retryable(exc) and job.attempts < cfg.max_attempts:
+        delay = cfg.retry_backoff * 2 ** (job.attempts - 1)
+        jobstore.record_retry(db, job.id, reason, stage)
+        log.warning("job %s attempt %d failed (%s); retry in %.1fs", job.id, job.attempts, reason, delay)
+        return Decision("retry", delay, reason)
+    jobstore.finish_failed(db, job.id, reason, stage, outcome.timings)
+    log.warning("job %s failed at %s: %s", job.id, stage or "?", reason)
+    return Decision("failed", reason=reason)
+
+
+def _fmt(timings: dict[str, float]) -> str:
+    return " ".join(f"{k}={v * 1000:.0f}ms" for k, v in timings.items())

@@ -1,0 +1,92 @@
+"""The CPU preprocessing pool: a process pool that fetches originals and prepares pages.
+
+Each pool process builds its own object-store client once (initializer) and receives only object
+keys, never image bytes, so the parent process never copies an original. With ``processes=0`` the
+work runs on a thread in the calling process (tests, tiny machines).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import time
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+
+from models.engine import InputSpec, PreparedImage
+from paperlane.errors import PaperlaneError
+from paperlane.settings import Settings
+from storage.objects import ObjectStore, open_store
+from workers.preprocess import Limits, prepare
+
+log = logging.getLogger(__name__)
+
+_store: ObjectStore | None = None
+
+
+@dataclass
+class Prepared:
+    """A preprocessing outcome: the image or the error, and the seconds it took."""
+
+    image: PreparedImage | None
+    error: PaperlaneError | None
+    seconds: float
+
+
+def _init_process(settings: Settings) -> None:
+    global _store
+    # One ONNX/OpenCV thread per pool process: the pool itself is the parallelism.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import cv2
+
+    cv2.setNumThreads(1)
+    _store = open_store(settings)
+
+
+def _prepare_key(key: str, spec: InputSpec, limits: Limits) -> Prepared:
+    t0 = time.perf_counter()
+    try:
+        assert _store is not None, "pool process not initialised"
+        image = prepare(_store.get(key), spec, limits)
+        return Prepared(image, None, time.perf_counter() - t0)
+    except PaperlaneError as exc:
+        return Prepared(None, exc, time.perf_counter() - t0)
+
+
+class CpuPool:
+    def __init__(self, settings: Settings) -> None:
+        self._limits = Limits(max_pixels=settings.worker.max_image_pixels,
+                              max_bytes=settings.worker.max_input_bytes)
+        self._settings = settings
+        self._executor = self._new_executor()
+
+    def _new_executor(self) -> Executor:
+        n = self._settings.worker.preprocess_processes
+        if n == 0:
+            _init_inline(self._settings)
+            return ThreadPoolExecutor(max_workers=1, thread_name_prefix="preprocess")
+        return ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_init_process, initargs=(self._settings,))
+
+    def restart_if_broken(self) -> None:
+        """Replace the pool with a fresh one if a process of it died (a submit then fails)."""
+        try:
+            self._executor.submit(int).result()
+        except BrokenProcessPool:
+            log.warning("preprocessing pool broken; starting a new one")
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = self._new_executor()
+
+    def submit(self, key: str, spec: InputSpec) -> Future[Prepared]:
+        """Fetch ``key`` and prepare it for ``spec`` in the pool."""
+        return self._executor.submit(_prepare_key, key, spec, self._limits)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _init_inline(settings: Settings) -> None:
+    global _store
+    _store = open_store(settings)

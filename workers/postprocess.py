@@ -1,0 +1,56 @@
+"""Post-processing: engine output in prepared-image pixels -> the page result in original pixels."""
+
+from __future__ import annotations
+
+from models.engine import EngineOutput, PreparedImage
+from paperlane.schemas import EngineInfo, JobStatus, Line, PageResult, TaskSpec
+
+
+def to_original(lines: list[Line], image: PreparedImage) -> list[Line]:
+    """The same lines with their quads in original-page pixels."""
+    return [ln.model_copy(update={"quad": [image.to_original(p) for p in ln.quad]}) if ln.quad else ln
+            for ln in lines]
+
+
+def reading_order(lines: list[Line]) -> list[Line]:
+    """Sort lines top to bottom, and left to right within a row.
+
+    Two lines share a row when their vertical spans overlap by more than half of the smaller
+    height, which keeps slightly skewed rows together without merging stacked lines.
+    """
+    boxed = [ln for ln in lines if ln.quad]
+    if len(boxed) != len(lines):  # lines without boxes keep the engine's order
+        return lines
+
+    def span(ln: Line) -> tuple[float, float]:
+        ys = [p[1] for p in ln.quad or ()]
+        return min(ys), max(ys)
+
+    rows: list[list[Line]] = []
+    for ln in sorted(lines, key=lambda ln: span(ln)[0]):
+        top, bottom = span(ln)
+        if rows:
+            rt, rb = min(span(x)[0] for x in rows[-1]), max(span(x)[1] for x in rows[-1])
+            overlap = min(bottom, rb) - max(top, rt)
+            if overlap > 0.5 * min(bottom - top, rb - rt):
+                rows[-1].append(ln)
+                continue
+        rows.append([ln])
+    return [ln for row in rows for ln in sorted(row, key=lambda ln: min(p[0] for p in ln.quad or ()))]
+
+
+def build_result(*, job_id: str, source: str, page: int, spec: TaskSpec, output: EngineOutput,
+                 image: PreparedImage, engine: EngineInfo) -> PageResult:
+    """The succeeded page result; ``text`` follows the reading order when the engine gave lines."""
+    lines = reading_order(to_original(output.lines, image))
+    text = "\n".join(ln.text for ln in lines) if lines and _text_is_lines(output) else output.text
+    return PageResult(
+        job_id=job_id, source=source, page=page, status=JobStatus.SUCCEEDED, task=spec.task,
+        text=text, lines=lines, markdown=output.markdown, fields=output.fields,
+        missing_fields=output.missing_fields, truncated=output.truncated,
+        width=image.original_width, height=image.original_height, engine=engine, usage=output.usage,
+    )
+
+
+def _text_is_lines(output: EngineOutput) -> bool:
+    return output.text == "\n".join(ln.text for ln in output.lines)
