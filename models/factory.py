@@ -12,4 +12,8 @@ def build_engine(cfg: EngineSettings) -> Engine:
         from models.rapid import RapidEngine
 
         return RapidEngine(max_side=cfg.rapid_max_side)
+    if cfg.kind is EngineKind.VLLM:
+        from models.vllm_server import VllmServerEngine
+
+        return VllmServerEngine(cfg)
     raise NotImplementedError(f"engine kind {cfg.kind.value} is not built yet")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from celery import Celery
 
 from paperlane.settings import Settings
-from priority.lanes import ALL_QUEUES, PRIORITY_STEPS, TASK_PROCESS_PAGE, Lane
+from priority.lanes import BROKER_PRIORITY_SEP, PRIORITY_STEPS, TASK_PROCESS_PAGE, Lane
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -20,8 +20,10 @@ def make_celery(settings: Settings) -> Celery:
     transport = {
         "queue_order_strategy": "priority",
         "priority_steps": PRIORITY_STEPS,
-        "sep": ":",
+        "sep": BROKER_PRIORITY_SEP,
         "visibility_timeout": settings.redis.visibility_timeout,
+        # How often a worker looks for messages whose worker died (un-acked past the timeout).
+        "unacked_restore_interval": min(10.0, max(1.0, settings.redis.visibility_timeout / 4)),
     }
     app.conf.update(
         broker_transport_options=transport,
@@ -42,5 +44,3 @@ def make_celery(settings: Settings) -> Celery:
     return app
 
 
-def listen_queues() -> list[str]:
-    return list(ALL_QUEUES)

@@ -191,7 +191,8 @@ def worker(
     rt = Runtime.start(settings)
     app_ = make_celery(settings)
     register_tasks(app_, rt)
-    argv = ["worker", "--pool=solo", "--concurrency=1", "--without-gossip", "--without-mingle",
+    argv = ["worker", "--pool=threads", f"--concurrency={settings.worker.page_slots}", "--without-gossip",
+            "--without-mingle",
             f"--queues={','.join(lane.queue for lane in lanes)}", f"--loglevel={settings.log_level}"]
     if hostname:
         argv.append(f"--hostname={hostname}")

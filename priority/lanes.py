@@ -34,6 +34,14 @@ class Lane(str, Enum):
 
 ALL_QUEUES: tuple[str, ...] = tuple(lane.queue for lane in Lane)
 
+# kombu's Redis transport keeps one list per (queue, priority): "queue" for 0, "queue:N" otherwise.
+BROKER_PRIORITY_SEP = ":"
+
+
+def broker_keys(lane: Lane) -> list[str]:
+    """The Redis lists that hold ``lane``'s waiting messages."""
+    return [lane.queue if p == 0 else f"{lane.queue}{BROKER_PRIORITY_SEP}{p}" for p in PRIORITY_STEPS]
+
 
 def message_priority(lane: Lane, level: int = 0) -> int:
     """The Redis message priority (0 = first) of a page in ``lane`` at ``level`` within it."""

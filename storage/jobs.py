@@ -89,21 +89,31 @@ def get_jobs(db: Database, job_ids: Iterable[str]) -> list[JobRow]:
     return [rows[i] for i in ids if i in rows]
 
 
-def start_attempt(db: Database, job_id: str) -> JobRow | None:
-    """Mark the job running and count the attempt; None when it already succeeded (redelivery)."""
+def start_attempt(db: Database, job_id: str, *, max_attempts: int) -> JobRow | None:
+    """Mark the job running and count the attempt; None when there is nothing to do.
+
+    Nothing to do: the job already finished (a redelivered message), or its earlier attempts all
+    died with their worker (it was still ``running``) and it has used up ``max_attempts`` — then
+    it is failed here, so a page that kills workers cannot loop forever.
+    """
     now = utcnow()
     with db.session() as s:
         row = s.get(JobRow, job_id, with_for_update=True)
         if row is None:
             raise JobNotFound(f"no job with id {job_id}")
-        if row.status == JobStatus.SUCCEEDED.value:
+        if JobStatus(row.status).terminal:
             return None
-        if row.attempts == 0 or row.queue_wait_s is None:
+        if row.status == JobStatus.RUNNING.value and row.attempts >= max_attempts:
+            row.status = JobStatus.FAILED.value
+            row.error = f"processing stopped the worker {row.attempts} times; giving up on this page"
+            row.error_stage = row.error_stage or "inference"
+            row.finished_at = now
+            return None
+        if row.queue_wait_s is None:
             row.queue_wait_s = max(0.0, (now - as_utc(row.created_at)).total_seconds())  # type: ignore[operator]
         row.status = JobStatus.RUNNING.value
         row.attempts += 1
         row.started_at = now
-        row.error = None
         return row
 
 

@@ -1,32 +1,40 @@
 """``paperlane run``: the whole pipeline in one process, on the embedded stack by default.
 
 Pages are registered exactly as ``paperlane submit`` does (originals in the object store, rows
-in the database), then processed in micro-batches with the next batch already preprocessing in
-the CPU pool while the engine works on the current one. Pages already done earlier with the
-same content and task are not redone: their stored result is copied out.
+in the database) and flow through the same pieces as on a worker: page slots on threads, the
+CPU pool preparing pages while the engine runs, the micro-batcher, the lane policy choosing what
+starts next, the same retry rules. Inputs are read lazily, so a run over millions of pages holds
+only a few slots' worth in memory. Pages done earlier with the same content and task are not
+redone: their stored result is copied out.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import queue
 import time
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from paperlane.errors import PaperlaneError
 from paperlane.schemas import JobStatus, PageResult, TaskSpec
 from priority.lanes import Lane
+from priority.policy import LanePolicy
 from producer.inputs import PageInput
 from producer.submit import Submitted, submit_pages
 from storage import jobs as jobstore
-from storage.objects import annotated_key, result_key
+from storage.objects import annotated_key
 from storage.tables import JobRow
 from workers.attempts import settle
-from workers.pipeline import PageOutcome, Runtime, prefetch, result_json, run_batch
+from workers.pipeline import PageOutcome, Runtime, process_page, result_json
 
 log = logging.getLogger(__name__)
+
+Emit = Callable[[str, PageResult, "bytes | None"], None]
 
 
 @dataclass
@@ -46,7 +54,6 @@ def run_embedded(rt: Runtime, pages: Iterable[PageInput], *, out_dir: Path, spec
     t0 = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = RunSummary()
-    names = _Names()
 
     def emit(name: str, result: PageResult, png: bytes | None) -> None:
         (out_dir / f"{name}.json").write_bytes(result_json(result))
@@ -56,72 +63,96 @@ def run_embedded(rt: Runtime, pages: Iterable[PageInput], *, out_dir: Path, spec
         if on_page:
             on_page(name, result)
 
-    todo: list[tuple[str, JobRow]] = []
-    for sub in submit_pages(pages, db=rt.db, store=rt.store, spec=spec, lane=lane, force=force):
-        name = names.unique(sub.page.name)
-        done_before = sub.action == "exists" and sub.job.status == JobStatus.SUCCEEDED.value
-        if sub.action == "failed" or done_before:
-            emit(name, *_stored(rt, sub))
-        else:  # new, requeued, or left queued/running by an earlier run that stopped
-            todo.append((name, sub.job))
-    _process(rt, todo, emit)
+    subs = submit_pages(pages, db=rt.db, store=rt.store, spec=spec, lane=lane, force=force)
+    _Scheduler(rt, _named(subs), emit).run()
     summary.seconds = time.perf_counter() - t0
     return summary
 
 
-def _process(rt: Runtime, todo: list[tuple[str, JobRow]], emit: Callable[[str, PageResult, bytes | None], None]) -> None:
-    size = rt.settings.worker.batch_size
-    batches = [todo[i:i + size] for i in range(0, len(todo), size)]
-    started = [_start(rt, job) for _, job in batches[0]] if batches else []
-    ahead = prefetch(rt, started)
-    for k, batch in enumerate(batches):
-        jobs, current = started, ahead
-        if k + 1 < len(batches):  # the pool prepares batch k+1 while the engine runs batch k
-            started = [_start(rt, job) for _, job in batches[k + 1]]
-            ahead = prefetch(rt, started)
-        for (name, _), outcome in zip(batch, run_batch(rt, jobs, current)):
-            outcome = _until_settled(rt, outcome)
-            png = rt.store.get(annotated_key(outcome.job.id)) if outcome.ok else None
-            emit(name, outcome.result, png)
+def _named(subs: Iterable[Submitted]) -> Iterator[tuple[str, Submitted]]:
+    """Output stems unique within one run: a repeated stem gets -2, -3, ..."""
+    seen: dict[str, int] = {}
+    for sub in subs:
+        n = seen[sub.page.name] = seen.get(sub.page.name, 0) + 1
+        yield (sub.page.name if n == 1 else f"{sub.page.name}-{n}"), sub
 
 
-def _start(rt: Runtime, job: JobRow) -> JobRow:
-    return jobstore.start_attempt(rt.db, job.id) or job
+class _Scheduler:
+    """Keeps every page slot busy, choosing each next page by the lane policy."""
+
+    def __init__(self, rt: Runtime, subs: Iterator[tuple[str, Submitted]], emit: Emit) -> None:
+        self.rt = rt
+        self.subs = subs
+        self.emit = emit
+        self.slots = rt.settings.worker.page_slots
+        self.policy = LanePolicy(batch_share=rt.settings.worker.batch_share)
+        self.waiting: dict[Lane, deque[tuple[str, JobRow]]] = {lane: deque() for lane in Lane}
+        self.done: queue.Queue[tuple[str, JobRow, Future[PageOutcome | None]]] = queue.Queue()
+        self.exhausted = False
+
+    def run(self) -> None:
+        in_flight = 0
+        with ThreadPoolExecutor(max_workers=self.slots, thread_name_prefix="slot") as slots:
+            while True:
+                self._refill()
+                while in_flight < self.slots and (picked := self._pick()) is not None:
+                    name, job = picked
+                    fut = slots.submit(self._attempts, job)
+                    fut.add_done_callback(lambda f, name=name, job=job: self.done.put((name, job, f)))
+                    in_flight += 1
+                if in_flight == 0 and self.exhausted and not any(self.waiting.values()):
+                    return
+                name, job, fut = self.done.get()
+                in_flight -= 1
+                self._emit_outcome(name, job, fut.result())
+
+    def _refill(self) -> None:
+        while not self.exhausted and sum(map(len, self.waiting.values())) < 2 * self.slots:
+            try:
+                name, sub = next(self.subs)
+            except StopIteration:
+                self.exhausted = True
+                return
+            if sub.action == "failed" or (sub.action == "exists" and sub.job.status == JobStatus.SUCCEEDED.value):
+                self.emit(name, *_stored(self.rt, sub.job))
+            else:  # new, requeued, or left queued/running by an earlier run that stopped
+                self.waiting[Lane(sub.job.lane)].append((name, sub.job))
+
+    def _pick(self) -> tuple[str, JobRow] | None:
+        lane = self.policy.pick(interactive_waiting=bool(self.waiting[Lane.INTERACTIVE]),
+                                batch_waiting=bool(self.waiting[Lane.BATCH]))
+        if lane is None:
+            return None
+        self.policy.started(lane)
+        return self.waiting[lane].popleft()
+
+    def _attempts(self, job: JobRow) -> PageOutcome | None:
+        """Attempts at one page under the retry policy; None when it needs none (finished elsewhere)."""
+        cfg = self.rt.settings.worker
+        while (started := jobstore.start_attempt(self.rt.db, job.id, max_attempts=cfg.max_attempts)) is not None:
+            outcome = process_page(self.rt, started)
+            decision = settle(self.rt.db, outcome, cfg)
+            if decision.action != "retry":
+                return outcome
+            time.sleep(decision.delay)
+        return None
+
+    def _emit_outcome(self, name: str, job: JobRow, outcome: PageOutcome | None) -> None:
+        if outcome is None:  # finished without an attempt here: report what the row says
+            self.emit(name, *_stored(self.rt, jobstore.get_job(self.rt.db, job.id)))
+            return
+        png = self.rt.store.get(annotated_key(outcome.job.id)) if outcome.ok else None
+        self.emit(name, outcome.result, png)
 
 
-def _until_settled(rt: Runtime, outcome: PageOutcome) -> PageOutcome:
-    """Apply the retry policy in process: retry the page alone after the backoff, or give up."""
-    while True:
-        decision = settle(rt.db, outcome, rt.settings.worker)
-        if decision.action != "retry":
-            return outcome
-        time.sleep(decision.delay)
-        job = jobstore.start_attempt(rt.db, outcome.job.id) or outcome.job
-        outcome = run_batch(rt, [job])[0]
-
-
-def _stored(rt: Runtime, sub: Submitted) -> tuple[PageResult, bytes | None]:
+def _stored(rt: Runtime, job: JobRow) -> tuple[PageResult, bytes | None]:
     """The result of a page that needs no work now: done earlier, or refused at submission."""
-    job = sub.job
-    if job.result_key:
+    if job.status == JobStatus.SUCCEEDED.value and job.result_key:
         try:
             result = PageResult.model_validate(json.loads(rt.store.get(job.result_key)))
             png = rt.store.get(job.annotated_key) if job.annotated_key else None
             return result, png
         except PaperlaneError as exc:
             log.warning("stored result of job %s unreadable (%s)", job.id, exc)
-    reason = job.error or "stored result missing"
-    return PageResult(job_id=job.id, source=sub.page.source, page=sub.page.page, status=JobStatus.FAILED,
-                      error=reason, task=job.task), None
-
-
-class _Names:
-    """Output stems unique within one run: a repeated stem gets -2, -3, ..."""
-
-    def __init__(self) -> None:
-        self._seen: dict[str, int] = {}
-
-    def unique(self, name: str) -> str:
-        n = self._seen.get(name, 0) + 1
-        self._seen[name] = n
-        return name if n == 1 else f"{name}-{n}"
+    return PageResult(job_id=job.id, source=job.source, page=job.page, status=JobStatus.FAILED,
+                      error=job.error or "stored result missing", task=job.task), None

@@ -1,8 +1,10 @@
-"""One micro-batch through the pipeline: preprocess -> engine -> post-process -> render + store.
+"""One page through the pipeline: preprocess -> engine (in a micro-batch) -> post-process -> store.
 
-The same code serves the Celery worker and the embedded ``paperlane run``. It writes successes
-(objects, then rows) and returns every page's outcome; what to do with a failure (retry or give
-up) is the caller's policy, kept apart from this single attempt.
+The same code serves the Celery worker and the embedded ``paperlane run``: each page in
+progress runs ``process_page`` on its own task slot; the CPU pool prepares it while earlier pages
+are in the engine, and the ``MicroBatcher`` gathers the slots' prepared pages into batches. This
+function is ONE attempt: it writes a success (objects, then rows) and returns every outcome; the
+retry policy around it lives in ``workers.attempts``.
 """
 
 from __future__ import annotations
@@ -10,20 +12,21 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
 from models.engine import Engine, EngineOutput, EngineRequest, PreparedImage
 from models.factory import build_engine
-from paperlane.errors import EngineUnavailable, InputError, PaperlaneError, public_reason
+from paperlane.errors import InputError, PaperlaneError, public_reason
 from paperlane.schemas import JobStatus, PageResult, Stage, TaskSpec
 from paperlane.settings import Settings
+from priority.lanes import LEVELS_PER_LANE
 from storage import jobs as jobstore
 from storage.db import Database
 from storage.objects import ObjectStore, annotated_key, open_store, result_key
 from storage.tables import JobRow
+from workers.batcher import MicroBatcher
 from workers.cpu_pool import CpuPool, Prepared
 from workers.postprocess import build_result
 from workers.render import annotate
@@ -33,13 +36,14 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Runtime:
-    """What a worker process keeps resident for its life: database, store, engine, CPU pool."""
+    """What a worker process keeps resident for its life: database, store, engine, pool, batcher."""
 
     settings: Settings
     db: Database
     store: ObjectStore
     engine: Engine
     pool: CpuPool
+    batcher: MicroBatcher
 
     @classmethod
     def start(cls, settings: Settings, *, engine: Engine | None = None) -> Runtime:
@@ -48,9 +52,13 @@ class Runtime:
         store = open_store(settings)
         engine = engine or build_engine(settings.engine)
         engine.start()
-        return cls(settings=settings, db=db, store=store, engine=engine, pool=CpuPool(settings))
+        cfg = settings.worker
+        batcher = MicroBatcher(engine, max_size=cfg.batch_size, max_wait=cfg.batch_wait,
+                               urgent_below=LEVELS_PER_LANE)
+        return cls(settings=settings, db=db, store=store, engine=engine, pool=CpuPool(settings), batcher=batcher)
 
     def close(self) -> None:
+        self.batcher.close()
         self.pool.close()
         self.engine.close()
         self.db.dispose()
@@ -72,28 +80,24 @@ def task_spec(job: JobRow) -> TaskSpec:
     return TaskSpec(task=job.task, **(job.task_options or {}))
 
 
-def prefetch(rt: Runtime, jobs: Sequence[JobRow]) -> list[Future[Prepared]]:
-    """Start preprocessing ``jobs`` in the CPU pool; the futures feed ``run_batch``."""
-    spec = rt.engine.input_spec
-    return [rt.pool.submit(job.original_key or "", spec) for job in jobs]
-
-
-def run_batch(rt: Runtime, jobs: Sequence[JobRow], prepared: Sequence[Future[Prepared]] | None = None) -> list[PageOutcome]:
-    """Process one micro-batch; one outcome per job, in order. Successes are already stored."""
-    futures = list(prepared) if prepared is not None else prefetch(rt, jobs)
-    outcomes: list[PageOutcome | None] = [None] * len(jobs)
-    todo: list[tuple[int, PreparedImage, dict[str, float]]] = []
-    for i, (job, fut) in enumerate(zip(jobs, futures)):
-        timings = _known_timings(job)
-        prep = _await_prepared(rt, job, fut)
-        timings[Stage.PREPROCESS.value] = prep.seconds
-        if prep.error is not None or prep.image is None:
-            outcomes[i] = _failed(job, prep.error or PaperlaneError("preprocessing failed"), timings)
-        else:
-            todo.append((i, prep.image, timings))
-    for i, outcome in _infer_and_store(rt, jobs, todo):
-        outcomes[i] = outcome
-    return [o for o in outcomes if o is not None]
+def process_page(rt: Runtime, job: JobRow) -> PageOutcome:
+    """One attempt at one page. Never raises for the page's own failure."""
+    timings = _known_timings(job)
+    prep = _await_prepared(rt, job, rt.pool.submit(job.original_key or "", rt.engine.input_spec))
+    timings[Stage.PREPROCESS.value] = prep.seconds
+    if prep.image is None:
+        return _failed(job, prep.error or PaperlaneError("preprocessing failed"), timings)
+    ready = time.perf_counter()
+    outcome, batch_s = rt.batcher.submit(EngineRequest(image=prep.image, spec=task_spec(job)),
+                                         priority=job.priority).result()
+    own = outcome.seconds if isinstance(outcome, EngineOutput) and outcome.seconds is not None else batch_s
+    timings[Stage.INFERENCE.value] = own
+    # Waiting for the engine (a batch ahead, the batch filling, pages before it) is queueing.
+    waited = max(0.0, time.perf_counter() - ready - own)
+    timings[Stage.QUEUE_WAIT.value] = timings.get(Stage.QUEUE_WAIT.value, 0.0) + waited
+    if not isinstance(outcome, EngineOutput):
+        return _failed(job, outcome, timings)
+    return _finish(rt, job, prep.image, outcome, timings)
 
 
 def _await_prepared(rt: Runtime, job: JobRow, fut: Future[Prepared]) -> Prepared:
@@ -108,29 +112,6 @@ def _await_prepared(rt: Runtime, job: JobRow, fut: Future[Prepared]) -> Prepared
                 fut = rt.pool.submit(job.original_key or "", rt.engine.input_spec)
     log.error("job %s crashed the preprocessing process twice", job.id)
     return Prepared(None, InputError("this page crashes the image decoder", stage="preprocess"), 0.0)
-
-
-def _infer_and_store(rt: Runtime, jobs: Sequence[JobRow],
-                     todo: list[tuple[int, PreparedImage, dict[str, float]]]) -> list[tuple[int, PageOutcome]]:
-    if not todo:
-        return []
-    requests = [EngineRequest(image=img, spec=task_spec(jobs[i])) for i, img, _ in todo]
-    t0 = time.perf_counter()
-    try:
-        results: list[EngineOutput | PaperlaneError] = list(rt.engine.infer(requests))
-    except EngineUnavailable as exc:
-        results = [exc] * len(todo)
-    share = (time.perf_counter() - t0) / len(todo)
-    done = []
-    for (i, image, timings), res in zip(todo, results):
-        job = jobs[i]
-        if isinstance(res, PaperlaneError):
-            timings[Stage.INFERENCE.value] = share
-            done.append((i, _failed(job, res, timings)))
-            continue
-        timings[Stage.INFERENCE.value] = res.seconds if res.seconds is not None else share
-        done.append((i, _finish(rt, job, image, res, timings)))
-    return done
 
 
 def _finish(rt: Runtime, job: JobRow, image: PreparedImage, output: EngineOutput,
@@ -154,7 +135,7 @@ def _finish(rt: Runtime, job: JobRow, image: PreparedImage, output: EngineOutput
     except PaperlaneError as exc:
         exc.stage = exc.stage or Stage.STORE.value
         return _failed(job, exc, timings)
-    except Exception as exc:  # a bug must fail this page, not the batch; the traceback goes to the log
+    except Exception as exc:  # a bug must fail this page, not the worker; the traceback goes to the log
         log.exception("job %s failed while storing its result", job.id)
         return _failed(job, exc, timings)
     return PageOutcome(job=job, result=result, timings=timings)

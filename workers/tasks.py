@@ -1,4 +1,10 @@
-"""The Celery side of a worker: a thin task that validates its payload and calls the pipeline."""
+"""The Celery side of a worker: a thin task that validates its payload and calls the pipeline.
+
+The worker runs Celery's thread pool with one thread per page slot (prefetch 1 per slot, late
+acks): every message it holds is a page in progress, none sits reserved behind others, so Redis
+priority decides what starts next. A message is acked only when its page is settled: stored,
+failed, or handed back for a retry.
+"""
 
 from __future__ import annotations
 
@@ -7,34 +13,37 @@ import logging
 from celery import Celery, Task
 
 from paperlane.errors import JobNotFound
-from priority.lanes import TASK_PROCESS_PAGE
+from priority.lanes import TASK_PROCESS_PAGE, Lane
+from priority.policy import LanePolicy
 from storage import jobs as jobstore
 from workers.attempts import settle
-from workers.pipeline import Runtime, run_batch
+from workers.governor import install_governor
+from workers.pipeline import Runtime, process_page
 
 log = logging.getLogger(__name__)
 
 
 def register_tasks(app: Celery, runtime: Runtime) -> None:
-    """Register paperlane's tasks on ``app``, all served by the resident ``runtime``."""
+    """Register paperlane's task on ``app``, served by the resident ``runtime``, and its lane governor."""
+    policy = LanePolicy(batch_share=runtime.settings.worker.batch_share)
+    install_governor(app, policy, runtime.settings.redis.url)
 
     @app.task(name=TASK_PROCESS_PAGE, bind=True, acks_late=True, max_retries=None)
-    def process_page(self: Task, job_id: str) -> str:
-        return handle_page(runtime, self, str(job_id))
+    def process_page_task(self: Task, job_id: str) -> str:
+        return handle_page(runtime, policy, self, str(job_id))
 
 
-def handle_page(rt: Runtime, task: Task, job_id: str) -> str:
+def handle_page(rt: Runtime, policy: LanePolicy, task: Task, job_id: str) -> str:
     try:
-        job = jobstore.start_attempt(rt.db, job_id)
+        job = jobstore.start_attempt(rt.db, job_id, max_attempts=rt.settings.worker.max_attempts)
     except JobNotFound:
         log.error("message for unknown job %s dropped", job_id)
         return "unknown"
     if job is None:
-        log.info("job %s already succeeded; redelivered message ignored", job_id)
+        log.info("job %s already finished; redelivered message ignored", job_id)
         return "duplicate"
-    outcome = run_batch(rt, [job])[0]
-    decision = settle(rt.db, outcome, rt.settings.worker)
+    policy.started(Lane(job.lane))
+    decision = settle(rt.db, process_page(rt, job), rt.settings.worker)
     if decision.action == "retry":
-        raise task.retry(countdown=decision.delay, queue=task.request.delivery_info.get("routing_key"),
-                         priority=job.priority)
+        raise task.retry(countdown=decision.delay, queue=Lane(job.lane).queue, priority=job.priority)
     return decision.action
