@@ -64,12 +64,13 @@ class RapidEngine:
         if pixels is None:
             return EngineError("rapidocr needs decoded pixels", stage="inference")
         t0 = time.perf_counter()
+        pixels, scale = _fit_detector(pixels)
         try:
             out = self._ocr(pixels)  # type: ignore[operator]
         except Exception as exc:  # onnxruntime raises plain RuntimeErrors
             log.exception("rapidocr failed")
             return EngineError(f"rapidocr failed: {type(exc).__name__}", stage="inference")
-        lines = _lines(out)
+        lines = _lines(out, scale)
         text = "\n".join(ln.text for ln in lines)
         return EngineOutput(text=text, lines=lines, markdown=text if req.spec.task is Task.PARSE else None,
                             seconds=time.perf_counter() - t0)
@@ -78,14 +79,34 @@ class RapidEngine:
         self._ocr = None
 
 
-def _lines(out: object) -> list[Line]:
+# RapidOCR's detector scales every image so its SHORT side is at least 736 px: a 360x64 strip
+# becomes 4140x736 and takes seconds. Upscale small pages at most 2x (small print still gains),
+# then pad with white to the detector's minimum, so it has nothing left to enlarge.
+_DET_MIN_SIDE = 736
+_MAX_UPSCALE = 2.0
+
+
+def _fit_detector(pixels: np.ndarray) -> tuple[np.ndarray, float]:
+    h, w = pixels.shape[:2]
+    if min(h, w) >= _DET_MIN_SIDE:
+        return pixels, 1.0
+    scale = min(_DET_MIN_SIDE / min(h, w), _MAX_UPSCALE)
+    pixels = cv2.resize(pixels, None, fx=scale, fy=scale, interpolation=cv2.INTER_CUBIC)
+    h, w = pixels.shape[:2]
+    pad_h, pad_w = max(0, _DET_MIN_SIDE - h), max(0, _DET_MIN_SIDE - w)
+    if pad_h or pad_w:
+        pixels = cv2.copyMakeBorder(pixels, 0, pad_h, 0, pad_w, cv2.BORDER_CONSTANT, value=(255, 255, 255))
+    return pixels, scale
+
+
+def _lines(out: object, scale: float) -> list[Line]:
     boxes = getattr(out, "boxes", None)
     txts = getattr(out, "txts", None) or ()
     scores = getattr(out, "scores", None) or ()
     if boxes is None:
         return []
     return [
-        Line(text=t, confidence=round(float(s), 4), quad=[(float(x), float(y)) for x, y in box])
+        Line(text=t, confidence=round(float(s), 4), quad=[(float(x) / scale, float(y) / scale) for x, y in box])
         for box, t, s in zip(boxes, txts, scores)
         if t.strip()
     ]

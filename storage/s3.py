@@ -35,7 +35,10 @@ class S3Store:
         )
         store = cls(client, cfg.bucket, prefix=cfg.prefix)
         if cfg.create_bucket:
-            store.ensure_bucket()
+            try:
+                store.ensure_bucket()
+            except StorageUnavailable as exc:  # a store that is down now may be back by the first page
+                log.warning("%s; continuing, pages will retry", exc)
         return store
 
     def ensure_bucket(self) -> None:

@@ -79,32 +79,49 @@ def _write_config(path: Path, values: dict[str, str]) -> Path:
 
 
 @pytest.fixture
-def stack(tmp_path: Path, redis_service: Service, postgres_service: Service, s3_service: Service) -> Iterator[Stack]:
-    """Fresh database, empty Redis, new bucket: the distributed stack for one test."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
+def stack_factory(tmp_path: Path, redis_service: Service, postgres_service: Service,
+                  s3_service: Service) -> Iterator[Callable[..., Stack]]:
+    """Fresh database, empty Redis, new bucket: the distributed stack for one test.
+
+    Keyword arguments override settings, named as in the environment without the prefix
+    (``WORKER__BATCH_SIZE="4"``); ``s3_url`` points the stack at another S3 server.
+    """
     admin = psycopg2.connect(postgres_service.url.replace("postgresql+psycopg2", "postgresql"))
     admin.autocommit = True
-    admin.cursor().execute(f"CREATE DATABASE {name}")
-    redis.Redis.from_url(redis_service.url).flushall()
-    bucket = name.replace("_", "-")
-    config = _write_config(tmp_path / "paperlane.env", {
-        "DATA_DIR": str(tmp_path / "data"),
-        "REDIS__URL": redis_service.url,
-        "DATABASE__URL": postgres_service.url.rsplit("/", 1)[0] + f"/{name}",
-        "STORAGE__BACKEND": "s3",
-        "STORAGE__ENDPOINT_URL": s3_service.url,
-        "STORAGE__BUCKET": bucket,
-        "STORAGE__ACCESS_KEY_ID": S3_KEY,
-        "STORAGE__SECRET_ACCESS_KEY": S3_SECRET,
-        "WORKER__RETRY_BACKOFF": "0.2",
-    })
-    try:
-        yield Stack(config, load_settings(config), bucket, tmp_path)
-    finally:
-        admin.cursor().execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+    databases: list[str] = []
+
+    def make(*, s3_url: str | None = None, **overrides: str) -> Stack:
+        name = f"t_{uuid.uuid4().hex[:12]}"
+        admin.cursor().execute(f"CREATE DATABASE {name}")
+        databases.append(name)
+        redis.Redis.from_url(redis_service.url).flushall()
+        bucket = name.replace("_", "-")
+        root = tmp_path / name
+        root.mkdir()
+        config = _write_config(root / "paperlane.env", {
+            "DATA_DIR": str(root / "data"),
+            "REDIS__URL": redis_service.url,
+            "DATABASE__URL": postgres_service.url.rsplit("/", 1)[0] + f"/{name}",
+            "STORAGE__BACKEND": "s3",
+            "STORAGE__ENDPOINT_URL": s3_url or s3_service.url,
+            "STORAGE__BUCKET": bucket,
+            "STORAGE__ACCESS_KEY_ID": S3_KEY,
+            "STORAGE__SECRET_ACCESS_KEY": S3_SECRET,
+            "WORKER__RETRY_BACKOFF": "0.2",
+            **overrides,
+        })
+        return Stack(config, load_settings(config), bucket, root)
+
+    yield make
+    for name in databases:
+        admin.cursor().execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
         admin.cursor().execute(f"DROP DATABASE IF EXISTS {name}")
-        admin.close()
+    admin.close()
+
+
+@pytest.fixture
+def stack(stack_factory: Callable[..., Stack]) -> Stack:
+    return stack_factory()
 
 
 @pytest.fixture

