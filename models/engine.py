@@ -29,7 +29,8 @@ class InputSpec:
     over encoded bytes ready to send (server engines). The image is scaled, keeping its aspect
     ratio, so that its longer side is at most ``max_side`` and its pixel count at most
     ``max_pixels``; it is scaled up to ``min_pixels``; each side is then rounded to a multiple of
-    ``multiple_of``.
+    ``multiple_of``. The sizes are caps: a page may come out somewhat smaller when a cheap JPEG
+    decode gets it close enough (``min_decode_ratio``).
     """
 
     encoding: Literal["array", "jpeg", "png"] = "array"
@@ -38,6 +39,10 @@ class InputSpec:
     min_pixels: int | None = None
     multiple_of: int = 1
     jpeg_quality: int = 92
+    grayscale: bool = False  # the engine reads text, not colour: decode luminance only (2-3x cheaper)
+    # A JPEG may be decoded at 1/2, 1/4 or 1/8 scale in the DCT domain (several times cheaper than
+    # decoding it whole and shrinking it) when that gives at least this share of the target side.
+    min_decode_ratio: float = 0.85
 
 
 @dataclass

@@ -36,7 +36,7 @@ class RapidEngine:
     @property
     def input_spec(self) -> InputSpec:
         # RapidOCR caps images at 2000 px itself; giving it more only costs decode time.
-        return InputSpec(encoding="array", max_side=self._max_side)
+        return InputSpec(encoding="array", max_side=self._max_side, grayscale=True)
 
     def start(self) -> None:
         if self._ocr is not None:

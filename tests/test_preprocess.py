@@ -68,3 +68,16 @@ def test_target_size_respects_the_spec(w: int, h: int, m: int) -> None:
 def test_large_declared_image_below_pillows_guard_names_its_size() -> None:
     with pytest.raises(InputError, match=r"image too large \(12000x10000 = 120 MP, limit 100 MP\)"):
         prepare(huge_declared_png(12000, 10000), InputSpec(), Limits(max_pixels=100_000_000))
+
+
+def test_a4_jpeg_is_decoded_reduced_and_keeps_original_coordinates() -> None:
+    page = render_page(sample_lines(5), fmt="JPEG", width=2480)
+    spec = InputSpec(max_side=1300, grayscale=True)
+    img = prepare(page, spec)
+    with Image.open(io.BytesIO(page)) as im:
+        assert (img.original_width, img.original_height) == im.size
+    assert img.width == 1240  # decoded at 1/2 in the DCT domain, close enough to 1300: not resized
+    assert img.pixels is not None and img.pixels.shape == (img.height, img.width, 3)
+    # Rotated by EXIF and reduced: the original size is the upright one.
+    turned = prepare(render_page(sample_lines(5), width=2480, exif_rotate=True), spec)
+    assert turned.original_width == 2480

@@ -15,11 +15,12 @@ def to_original(lines: list[Line], image: PreparedImage) -> list[Line]:
 def reading_order(lines: list[Line]) -> list[Line]:
     """Sort lines top to bottom, and left to right within a row.
 
-    Two lines share a row when their vertical spans overlap by more than half of the smaller
-    height, which keeps slightly skewed rows together without merging stacked lines.
+    A line joins the current row when its vertical span overlaps the row's FIRST line by more
+    than half of the smaller height. Comparing with the first line only (not the row's growing
+    span) keeps a tall box, such as a handwritten note in the margin, from swallowing several
+    printed rows.
     """
-    boxed = [ln for ln in lines if ln.quad]
-    if len(boxed) != len(lines):  # lines without boxes keep the engine's order
+    if any(not ln.quad for ln in lines):  # lines without boxes keep the engine's order
         return lines
 
     def span(ln: Line) -> tuple[float, float]:
@@ -30,9 +31,8 @@ def reading_order(lines: list[Line]) -> list[Line]:
     for ln in sorted(lines, key=lambda ln: span(ln)[0]):
         top, bottom = span(ln)
         if rows:
-            rt, rb = min(span(x)[0] for x in rows[-1]), max(span(x)[1] for x in rows[-1])
-            overlap = min(bottom, rb) - max(top, rt)
-            if overlap > 0.5 * min(bottom - top, rb - rt):
+            rt, rb = span(rows[-1][0])
+            if min(bottom, rb) - max(top, rt) > 0.5 * min(bottom - top, rb - rt):
                 rows[-1].append(ln)
                 continue
         rows.append([ln])
