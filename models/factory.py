@@ -16,4 +16,10 @@ def build_engine(cfg: EngineSettings) -> Engine:
         from models.vllm_server import VllmServerEngine
 
         return VllmServerEngine(cfg)
-    raise NotImplementedError(f"engine kind {cfg.kind.value} is not built yet")
+    if cfg.kind is EngineKind.VLLM_INPROCESS:
+        from models.vllm_inprocess import VllmInprocessEngine
+
+        return VllmInprocessEngine(cfg)
+    from models.transformers_backend import TransformersEngine
+
+    return TransformersEngine(cfg)

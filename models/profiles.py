@@ -74,15 +74,15 @@ class Profile:
         """The text prompt for ``spec``'s task."""
         return self.prompts.for_task(spec)
 
-    def messages(self, spec: TaskSpec, image_url: str) -> list[dict[str, Any]]:
-        """OpenAI chat messages asking for ``spec`` on the image at ``image_url`` (often a data URL)."""
-        user = {
-            "role": "user",
-            "content": [
-                {"type": "image_url", "image_url": {"url": image_url}},
-                {"type": "text", "text": self.prompt(spec)},
-            ],
-        }
+    def messages(self, spec: TaskSpec, image_url: str | None = None) -> list[dict[str, Any]]:
+        """Chat messages asking for ``spec`` on the image at ``image_url`` (often a data URL).
+
+        Without ``image_url`` the image part is a bare ``{"type": "image"}`` placeholder, as the
+        model's own chat template expects when the image is passed beside the prompt (in-process
+        vLLM, transformers).
+        """
+        image = {"type": "image_url", "image_url": {"url": image_url}} if image_url else {"type": "image"}
+        user = {"role": "user", "content": [image, {"type": "text", "text": self.prompt(spec)}]}
         return [{"role": "system", "content": ""}, user] if self.system_message else [user]
 
     def sampling(self, spec: TaskSpec, *, max_tokens: int) -> dict[str, float | int]:

@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-import threading
 import time
-from collections.abc import Coroutine, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 import httpx
 
+from models.aio import LoopThread
 from models.engine import EngineOutput, EngineRequest, InputSpec, Outcome
 from models.profiles import Profile, get_profile
 from paperlane.errors import EngineError, EngineUnavailable, PaperlaneError, UsageError
@@ -26,7 +26,6 @@ from paperlane.settings import EngineSettings
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 _STAGE = "inference"
 
 
@@ -39,10 +38,11 @@ class VllmServerEngine:
         self._profile: Profile = get_profile(cfg.profile)
         self._model = cfg.model
         self._version = "unknown"
-        self._loop = asyncio.new_event_loop()
-        self._thread: threading.Thread | None = None
+        self._loop: LoopThread | None = None
         self._client: httpx.AsyncClient | None = None
         self._slots: asyncio.Semaphore | None = None
+        self.in_flight = 0
+        self.peak_in_flight = 0  # the most requests this engine has had at the server at once
 
     @property
     def info(self) -> EngineInfo:
@@ -55,10 +55,9 @@ class VllmServerEngine:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-client", daemon=True)
-            self._thread.start()
-        self._run(self._start())
+        if self._loop is None:
+            self._loop = LoopThread("vllm-client")
+        self._loop.run(self._start())
 
     async def _start(self) -> None:
         headers = {"Authorization": f"Bearer {self._cfg.api_key.get_secret_value()}"} if self._cfg.api_key else {}
@@ -113,23 +112,20 @@ class VllmServerEngine:
             return "unknown"
 
     def close(self) -> None:
-        if self._thread is None:
+        if self._loop is None:
             return
         if self._client is not None:
-            self._run(self._client.aclose())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
-        self._thread = None
-
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+            self._loop.run(self._client.aclose())
+            self._client = None
+        self._loop.stop()
+        self._loop = None
 
     # -- inference ---------------------------------------------------------------------------
 
     def infer(self, requests: Sequence[EngineRequest]) -> list[Outcome]:
-        if self._client is None:
+        if self._client is None or self._loop is None:
             raise UsageError("engine not started")
-        return self._run(self._infer_all(requests))
+        return self._loop.run(self._infer_all(requests))
 
     async def _infer_all(self, requests: Sequence[EngineRequest]) -> list[Outcome]:
         return list(await asyncio.gather(*(self._one(r) for r in requests)))
@@ -138,10 +134,14 @@ class VllmServerEngine:
         assert self._slots is not None
         async with self._slots:
             t0 = time.perf_counter()
+            self.in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
             try:
                 answer = await self._complete(req)
             except PaperlaneError as exc:
                 return exc
+            finally:
+                self.in_flight -= 1
             seconds = time.perf_counter() - t0
         return self._parse(req, answer, seconds)
 

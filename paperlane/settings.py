@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -66,6 +67,12 @@ class EngineSettings(BaseModel):
     startup_timeout: float = 600.0
     max_tokens: int = 4096
     rapid_max_side: int = 2000
+    # vllm-inprocess: extra vLLM engine arguments (AsyncEngineArgs), e.g. {"gpu_memory_utilization": 0.2}.
+    # HunyuanOCR's own serving flags are the defaults: no prefix caching, no multimodal processor cache.
+    vllm_args: dict[str, Any] = Field(default_factory=dict)
+    # transformers: torch device and dtype ("auto": bfloat16 on a GPU, float32 on the CPU).
+    device: str = "auto"
+    dtype: str = "auto"
 
     @model_validator(mode="after")
     def _needs(self) -> EngineSettings:

@@ -21,7 +21,8 @@ from paperlane.settings import Settings, load_settings
 from tests import services
 from tests.services import S3_KEY, S3_SECRET, Service
 
-PAPERLANE = str(Path(sys.executable).with_name("paperlane"))
+# ``python -m paperlane``: the same in the main venv and in the vLLM tier (which has no console script).
+PAPERLANE = [sys.executable, "-m", "paperlane"]
 
 
 @pytest.fixture(scope="session")
@@ -133,14 +134,14 @@ def embedded(tmp_path: Path) -> Stack:
 
 def cli(stack: Stack, *args: str, timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run the real ``paperlane`` command against ``stack``."""
-    return subprocess.run([PAPERLANE, "--config", str(stack.config), *args], capture_output=True, text=True,
+    return subprocess.run([*PAPERLANE, "--config", str(stack.config), *args], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd or stack.root, env=stack.env())
 
 
 class WorkerProcess:
     def __init__(self, stack: Stack, *args: str, name: str = "w1") -> None:
         self.log = stack.root / f"worker-{name}.log"
-        self.proc = subprocess.Popen([PAPERLANE, "--config", str(stack.config), "worker", "-n", f"{name}@test", *args],
+        self.proc = subprocess.Popen([*PAPERLANE, "--config", str(stack.config), "worker", "-n", f"{name}@test", *args],
                                      stdout=self.log.open("wb"), stderr=subprocess.STDOUT, env=stack.env(),
                                      cwd=stack.root, start_new_session=True)
 

@@ -17,7 +17,7 @@ from typing import Any
 from tests.metrics import Box, cer, cer_nospace, detection_matches, normalise, quad_to_box, reading_order
 
 REPO = Path(__file__).resolve().parent.parent
-PAPERLANE = Path(sys.executable).with_name("paperlane")
+PAPERLANE = [sys.executable, "-m", "paperlane"]
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ def run_paperlane(images: Sequence[Path], workdir: Path, *,
     """
     out = workdir / "out"
     # exit status 1 only means some page failed; each page's JSON says which
-    proc = subprocess.run([str(PAPERLANE), "run", *map(str, images), "--out", str(out)], cwd=workdir,
+    proc = subprocess.run([*PAPERLANE, "run", *map(str, images), "--out", str(out)], cwd=workdir,
                           capture_output=True, text=True, timeout=timeout, check=False)
     error = f"no output (rc={proc.returncode}): {proc.stderr[-2000:]}"
     missing = {"status": "missing", "error": error, "text": "", "lines": []}

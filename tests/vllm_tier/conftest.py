@@ -1,0 +1,88 @@
+"""The vLLM tier: the real vLLM engine on the CPU with a tiny random-weight HunyuanOCR built here.
+
+Runs in its own venv (scripts/setup-vllm-tier.sh) with this folder on PYTHONPATH, for the
+sitecustomize fixes that spawned engine processes inherit; scripts/test runs it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.services import ServiceError, free_port
+
+TIER = Path(__file__).resolve().parent
+SERVED_NAME = "tiny-hunyuanocr"
+# The tiny model's context: a page's prompt is ~30 tokens.
+MAX_MODEL_LEN = 512
+MAX_TOKENS = 16
+
+
+def tier_env() -> dict[str, str]:
+    path = os.pathsep.join(filter(None, [str(TIER), str(TIER.parents[1]), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+            "PYTHONPATH": path}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _offline() -> None:
+    os.environ.update({k: v for k, v in tier_env().items() if k != "PYTHONPATH"})
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tiny_model import build_tiny_hunyuan
+
+    return build_tiny_hunyuan(tmp_path_factory.mktemp("models") / "tiny-hunyuanocr")
+
+
+@dataclass
+class VllmServer:
+    url: str  # the OpenAI base URL, .../v1
+    proc: subprocess.Popen
+    log: Path
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    port = free_port()
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model),
+           "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(MAX_MODEL_LEN),
+           "--max-num-seqs", "16", "--dtype", "float32", "--enforce-eager",
+           "--limit-mm-per-prompt", '{"image":1}', "--served-model-name", SERVED_NAME,
+           "--no-enable-prefix-caching", "--mm-processor-cache-gb", "0"]
+    proc = subprocess.Popen(cmd, env=tier_env(), stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    server = VllmServer(f"http://127.0.0.1:{port}/v1", proc, log)
+    try:
+        _wait_healthy(server, timeout=300)
+        yield server
+    finally:
+        os.killpg(proc.pid, 15)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+
+
+def _wait_healthy(server: VllmServer, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise ServiceError(f"vLLM server exited:\n{server.log.read_text()[-3000:]}")
+        try:
+            if httpx.get(server.url.removesuffix("/v1") + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise ServiceError(f"vLLM server not healthy in {timeout}s:\n{server.log.read_text()[-3000:]}")
