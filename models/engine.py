@@ -45,6 +45,25 @@ class InputSpec:
     min_decode_ratio: float = 0.85
 
 
+@dataclass(frozen=True)
+class Capacity:
+    """How an engine wants its work: pages per micro-batch, and how many batches it runs at once.
+
+    A sequential engine (RapidOCR, transformers) runs one batch at a time; a server with
+    continuous batching (vLLM) takes new requests while others run, so an interactive page need
+    not wait for the batch in flight.
+    """
+
+    batch_size: int = 1
+    batches_in_flight: int = 1
+
+    @classmethod
+    def continuous(cls, max_in_flight: int) -> Capacity:
+        """For a continuously batching server: up to ``max_in_flight`` requests there, in small batches."""
+        size = max(1, min(8, max_in_flight))
+        return cls(batch_size=size, batches_in_flight=max(1, max_in_flight // size))
+
+
 @dataclass
 class PreparedImage:
     """A page ready for the engine, and how to map its pixels back to the original."""
@@ -99,6 +118,11 @@ class Engine(Protocol):
     @property
     def input_spec(self) -> InputSpec:
         """How pages must be prepared for ``infer``."""
+        ...
+
+    @property
+    def capacity(self) -> Capacity:
+        """The micro-batch size and batches in flight this engine works best with."""
         ...
 
     def start(self) -> None:

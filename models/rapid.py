@@ -16,7 +16,7 @@ from importlib.metadata import version
 import cv2
 import numpy as np
 
-from models.engine import EngineOutput, EngineRequest, InputSpec, Outcome
+from models.engine import Capacity, EngineOutput, EngineRequest, InputSpec, Outcome
 from paperlane.errors import EngineError, InputError, UsageError
 from paperlane.schemas import EngineInfo, Line, Task
 
@@ -37,6 +37,11 @@ class RapidEngine:
     def input_spec(self) -> InputSpec:
         # RapidOCR caps images at 2000 px itself; giving it more only costs decode time.
         return InputSpec(encoding="array", max_side=self._max_side, grayscale=True)
+
+    @property
+    def capacity(self) -> Capacity:
+        # Pages run one after another: a bigger batch only makes its last page wait longer.
+        return Capacity(batch_size=1, batches_in_flight=1)
 
     def start(self) -> None:
         if self._ocr is not None:

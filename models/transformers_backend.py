@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from importlib.metadata import version
 from typing import Any
 
-from models.engine import EngineOutput, EngineRequest, InputSpec, Outcome
+from models.engine import Capacity, EngineOutput, EngineRequest, InputSpec, Outcome
 from models.images import to_pil
 from models.profiles import Profile, get_profile
 from paperlane.errors import EngineError, PaperlaneError, UsageError
@@ -44,6 +44,10 @@ class TransformersEngine:
     @property
     def input_spec(self) -> InputSpec:
         return self._profile.input_spec()
+
+    @property
+    def capacity(self) -> Capacity:
+        return Capacity(batch_size=8, batches_in_flight=1)  # one padded generate() at a time
 
     def start(self) -> None:
         if self._model is not None:

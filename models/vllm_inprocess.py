@@ -18,7 +18,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from models.aio import LoopThread
-from models.engine import EngineOutput, EngineRequest, InputSpec, Outcome
+from models.engine import Capacity, EngineOutput, EngineRequest, InputSpec, Outcome
 from models.images import to_pil
 from models.profiles import Profile, get_profile
 from paperlane.errors import EngineError, EngineUnavailable, PaperlaneError, UsageError
@@ -63,6 +63,10 @@ class VllmInprocessEngine:
     @property
     def input_spec(self) -> InputSpec:
         return self._profile.input_spec()
+
+    @property
+    def capacity(self) -> Capacity:
+        return Capacity.continuous(self._cfg.max_in_flight)
 
     def start(self) -> None:
         if self._engine is not None:

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from models.aio import LoopThread
-from models.engine import EngineOutput, EngineRequest, InputSpec, Outcome
+from models.engine import Capacity, EngineOutput, EngineRequest, InputSpec, Outcome
 from models.profiles import Profile, get_profile
 from paperlane.errors import EngineError, EngineUnavailable, PaperlaneError, UsageError
 from paperlane.schemas import EngineInfo, Usage
@@ -51,6 +51,10 @@ class VllmServerEngine:
     @property
     def input_spec(self) -> InputSpec:
         return self._profile.input_spec()
+
+    @property
+    def capacity(self) -> Capacity:
+        return Capacity.continuous(self._cfg.max_in_flight)
 
     # -- lifecycle ---------------------------------------------------------------------------
 

@@ -57,7 +57,8 @@ def _main(
 def _configure_logging(level: int) -> None:
     logging.basicConfig(level=level, stream=sys.stderr, force=True,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("botocore", "boto3", "urllib3", "RapidOCR", "alembic", "httpx", "kombu", "celery.redirected"):
+    for noisy in ("botocore", "boto3", "urllib3", "RapidOCR", "alembic", "httpx", "kombu", "celery.redirected",
+                  "celery.worker.consumer.consumer"):  # the lane governor pauses queues many times a second
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
 
 
@@ -191,7 +192,7 @@ def worker(
     rt = Runtime.start(settings)
     app_ = make_celery(settings)
     register_tasks(app_, rt)
-    argv = ["worker", "--pool=threads", f"--concurrency={settings.worker.page_slots}", "--without-gossip",
+    argv = ["worker", "--pool=threads", f"--concurrency={rt.slots}", "--without-gossip",
             "--without-mingle",
             f"--queues={','.join(lane.queue for lane in lanes)}", f"--loglevel={settings.log_level}"]
     if hostname:

@@ -85,19 +85,16 @@ class EngineSettings(BaseModel):
 
 class WorkerSettings(BaseModel):
     preprocess_processes: int = Field(1, ge=0, description="CPU pool size; 0 preprocesses in-process")
-    batch_size: int = Field(8, ge=1, description="pages per engine call")
-    batch_wait: float = Field(0.05, ge=0, description="seconds a micro-batch waits to fill")
-    slots: int = Field(0, ge=0, description="pages in progress per worker; 0 = 2 x batch_size, so "
-                       "one batch is preprocessed while the engine runs the other")
+    batch_size: int = Field(0, ge=0, description="pages per engine call; 0 = what the engine prefers")
+    batch_wait: float = Field(0.25, ge=0, description="most seconds a micro-batch waits for pages that are "
+                              "still being preprocessed (never for pages not yet started, never with interactive)")
+    slots: int = Field(0, ge=0, description="pages in progress per worker; 0 = one batch more than the "
+                       "engine runs at once, so the next batch is preprocessed while the engine works")
     batch_share: float = Field(0.2, gt=0, le=0.5, description="share of starts batch keeps under interactive load")
     max_attempts: int = Field(3, ge=1)
     retry_backoff: float = Field(2.0, ge=0, description="seconds before the first retry; doubles each time")
     max_image_pixels: int = Field(150_000_000, description="refuse larger images before decoding them")
     max_input_bytes: int = Field(200 * 1024 * 1024)
-
-    @property
-    def page_slots(self) -> int:
-        return self.slots or 2 * self.batch_size
 
 
 class Settings(BaseSettings):

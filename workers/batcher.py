@@ -1,10 +1,12 @@
 """Micro-batches formed from the pages a worker is working on right now.
 
 Every page in progress (one per task slot) hands its prepared image to the ``MicroBatcher`` and
-waits on a future. One engine thread takes up to ``max_size`` ready pages at a time, most urgent
-first (lowest message priority, then arrival), and runs them as one ``engine.infer`` call. It
-waits at most ``max_wait`` for a batch to fill, and not at all when an interactive page is
-waiting: an interactive page never waits for batch pages to arrive.
+waits on a future (it announces itself with ``expect`` when its preprocessing starts). A dispatcher thread (one per batch the engine runs at once) takes up to
+``max_size`` ready pages at a time, most urgent first (lowest message priority, then arrival),
+and runs them as one ``engine.infer`` call. A batch waits to fill only while announced pages
+are still being preprocessed, at most ``max_wait``, and not at all when an interactive page is
+waiting: an interactive page never waits for batch pages to arrive, and a lone page does not
+wait for pages that are not coming.
 
 This keeps Celery's per-message acks and priorities (each message is its own task) while the
 engine still sees batches; post-processing and storing run back on the task threads, overlapped
@@ -40,12 +42,17 @@ class _Pending:
 class BatcherStats:
     batches: int = 0
     pages: int = 0
-    busy_s: float = 0.0  # time spent inside engine.infer
+    busy_s: float = 0.0  # time spent inside engine.infer, summed over dispatchers
 
 
 class MicroBatcher:
-    def __init__(self, engine: Engine, *, max_size: int, max_wait: float, urgent_below: int) -> None:
-        """``urgent_below``: pages with a message priority below this never wait for a batch to fill."""
+    def __init__(self, engine: Engine, *, max_size: int, max_wait: float, urgent_below: int,
+                 dispatchers: int = 1) -> None:
+        """``urgent_below``: pages with a message priority below this never wait for a batch to fill.
+
+        ``dispatchers``: batches handed to the engine at once (1 for a sequential engine; more for
+        a continuously batching server, so an urgent page never waits for a batch in flight).
+        """
         self._engine = engine
         self._max_size = max_size
         self._max_wait = max_wait
@@ -54,9 +61,28 @@ class MicroBatcher:
         self._seq = itertools.count()
         self._cond = threading.Condition()
         self._closed = False
+        self._expected = 0  # pages being preprocessed that will be submitted
         self.stats = BatcherStats()
-        self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
-        self._thread.start()
+        self._stats_lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._loop, name=f"engine-{i}", daemon=True)
+                         for i in range(dispatchers)]
+        if dispatchers > 1:
+            # A server that batches continuously has room for one more request at any time: an urgent
+            # page goes straight to it instead of waiting for a batch in flight to come back.
+            self._threads.append(threading.Thread(target=self._loop, args=(True,), name="engine-urgent", daemon=True))
+        for thread in self._threads:
+            thread.start()
+
+    def expect(self) -> None:
+        """A page has started preprocessing: a batch may wait (up to ``max_wait``) for it."""
+        with self._cond:
+            self._expected += 1
+
+    def unexpect(self) -> None:
+        """An expected page will not come (it failed before inference)."""
+        with self._cond:
+            self._expected = max(0, self._expected - 1)
+            self._cond.notify_all()
 
     def submit(self, request: EngineRequest, *, priority: int) -> Future[tuple[Outcome, float]]:
         """Queue one prepared page; the future gives its outcome and the seconds its batch took."""
@@ -64,33 +90,40 @@ class MicroBatcher:
         with self._cond:
             if self._closed:
                 raise EngineError("worker is shutting down", stage="inference", retryable=True)
+            self._expected = max(0, self._expected - 1)
             heapq.heappush(self._heap, _Pending(priority, next(self._seq), request, fut, time.monotonic()))
-            self._cond.notify()
+            self._cond.notify_all()
         return fut
 
     def close(self) -> None:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        self._thread.join(timeout=30)
+        for thread in self._threads:
+            thread.join(timeout=30)
 
-    def _take(self) -> list[_Pending] | None:
+    def _take(self, urgent_only: bool) -> list[_Pending] | None:
         with self._cond:
-            while not self._heap and not self._closed:
+            while not self._closed and (not self._heap or (urgent_only and not self._urgent_first())):
                 self._cond.wait()
             if not self._heap:
                 return None
+            # Wait for a fuller batch only while pages are on their way (preprocessing), at most
+            # max_wait, and never when an urgent page is waiting.
             deadline = min(p.since for p in self._heap) + self._max_wait
-            while (len(self._heap) < self._max_size and not self._closed
-                   and self._heap[0].priority >= self._urgent_below):
+            while len(self._heap) < self._max_size and self._expected > 0 and not self._closed \
+                    and not self._urgent_first():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 self._cond.wait(left)
             return [heapq.heappop(self._heap) for _ in range(min(self._max_size, len(self._heap)))]
 
-    def _loop(self) -> None:
-        while (batch := self._take()) is not None:
+    def _urgent_first(self) -> bool:
+        return bool(self._heap) and self._heap[0].priority < self._urgent_below
+
+    def _loop(self, urgent_only: bool = False) -> None:
+        while (batch := self._take(urgent_only)) is not None:
             t0 = time.perf_counter()
             try:
                 outcomes: list[Outcome] = list(self._engine.infer([p.request for p in batch]))
@@ -100,8 +133,9 @@ class MicroBatcher:
                 log.exception("engine failed on a batch of %d", len(batch))
                 outcomes = [exc] * len(batch)  # type: ignore[list-item]
             seconds = time.perf_counter() - t0
-            self.stats.batches += 1
-            self.stats.pages += len(batch)
-            self.stats.busy_s += seconds
+            with self._stats_lock:
+                self.stats.batches += 1
+                self.stats.pages += len(batch)
+                self.stats.busy_s += seconds
             for pending, outcome in zip(batch, outcomes):
                 pending.future.set_result((outcome, seconds))

@@ -84,7 +84,8 @@ class _Scheduler:
         self.rt = rt
         self.subs = subs
         self.emit = emit
-        self.slots = rt.settings.worker.page_slots
+        self.slots = rt.slots
+        # No interactive page arrives from outside a run: batch pages may use every slot.
         self.policy = LanePolicy(batch_share=rt.settings.worker.batch_share)
         self.waiting: dict[Lane, deque[tuple[str, JobRow]]] = {lane: deque() for lane in Lane}
         self.done: queue.Queue[tuple[str, JobRow, Future[PageOutcome | None]]] = queue.Queue()
@@ -104,6 +105,7 @@ class _Scheduler:
                     return
                 name, job, fut = self.done.get()
                 in_flight -= 1
+                self.policy.finished(Lane(job.lane))
                 self._emit_outcome(name, job, fut.result())
 
     def _refill(self) -> None:

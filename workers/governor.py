@@ -1,10 +1,11 @@
 """The lane governor: a Celery consumer step that applies ``LanePolicy`` to what the worker fetches.
 
 Redis hands out messages in strict priority order across both lane queues, so under endless
-interactive traffic a worker would never fetch a batch page. Several times a second this step
-checks whether batch is owed the next start (batch pages waiting in Redis, and ``burst``
-interactive pages started since the last batch one); if so it stops consuming the interactive
-queue until a batch page has started, then consumes it again.
+interactive traffic a worker would never fetch a batch page; and under a batch backlog every slot
+would hold a batch page, so an interactive page would wait for one to free. Fifty times a second
+this step asks the policy which lanes must not start pages now and stops consuming their queues
+until they may again: the interactive queue while batch is owed a start, the batch queue while
+batch pages fill their share of the slots.
 """
 
 from __future__ import annotations
@@ -33,11 +34,11 @@ def install_governor(app: Celery, policy: LanePolicy, redis_url: str) -> None:
 
         def __init__(self, parent: Any, **kwargs: Any) -> None:
             super().__init__(parent, **kwargs)
-            self.paused = False
+            self.paused: set[Lane] = set()
             self.tref: Any = None
 
         def start(self, c: Any) -> None:
-            self.paused = False
+            self.paused = set()
             self.tref = c.timer.call_repeatedly(TICK_S, self.tick, (c,), priority=10)
 
         def stop(self, c: Any) -> None:
@@ -50,14 +51,12 @@ def install_governor(app: Celery, policy: LanePolicy, redis_url: str) -> None:
                 waiting = _any_waiting(client, batch_keys)
             except redis.RedisError:
                 return  # the consumer notices a broken broker on its own
-            owed = policy.batch_owed(batch_waiting=waiting)
-            if owed and not self.paused:
-                c.cancel_task_queue(Lane.INTERACTIVE.queue)
-                self.paused = True
-                log.debug("interactive lane paused: batch is owed a start")
-            elif not owed and self.paused:
-                c.add_task_queue(Lane.INTERACTIVE.queue)
-                self.paused = False
+            blocked = policy.blocked(batch_waiting=waiting)
+            for lane in blocked - self.paused:
+                c.cancel_task_queue(lane.queue)
+            for lane in self.paused - blocked:
+                c.add_task_queue(lane.queue)
+            self.paused = blocked
 
     app.steps["consumer"].add(LaneGovernor)
 

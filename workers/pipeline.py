@@ -21,7 +21,7 @@ from models.factory import build_engine
 from paperlane.errors import InputError, PaperlaneError, public_reason
 from paperlane.schemas import JobStatus, PageResult, Stage, TaskSpec
 from paperlane.settings import Settings
-from priority.lanes import LEVELS_PER_LANE
+from priority.lanes import LEVELS_PER_LANE, Lane
 from storage import jobs as jobstore
 from storage.db import Database
 from storage.objects import ObjectStore, annotated_key, open_store, result_key
@@ -44,6 +44,8 @@ class Runtime:
     engine: Engine
     pool: CpuPool
     batcher: MicroBatcher
+    slots: int  # pages in progress at once
+    batch_slots: int  # of which batch pages may hold at most this many: the rest wait for interactive ones
 
     @classmethod
     def start(cls, settings: Settings, *, engine: Engine | None = None) -> Runtime:
@@ -52,12 +54,22 @@ class Runtime:
         store = open_store(settings)
         engine = engine or build_engine(settings.engine)
         engine.start()
-        cfg = settings.worker
-        batcher = MicroBatcher(engine, max_size=cfg.batch_size, max_wait=cfg.batch_wait,
-                               urgent_below=LEVELS_PER_LANE)
-        return cls(settings=settings, db=db, store=store, engine=engine, pool=CpuPool(settings), batcher=batcher)
+        cfg, cap = settings.worker, engine.capacity
+        batch_size = cfg.batch_size or cap.batch_size
+        batcher = MicroBatcher(engine, max_size=batch_size, max_wait=cfg.batch_wait, urgent_below=LEVELS_PER_LANE,
+                               dispatchers=cap.batches_in_flight)
+        # Enough slots for the batches in the engine plus one being prepared, and one batch more
+        # kept free for interactive pages, so they start at once even behind a backlog.
+        reserve = batch_size
+        slots = cfg.slots or batch_size * (cap.batches_in_flight + 1) + reserve
+        log.info("engine %s: batches of %d, %d in flight, %d page slots", engine.info.name, batch_size,
+                 cap.batches_in_flight, slots)
+        return cls(settings=settings, db=db, store=store, engine=engine, pool=CpuPool(settings), batcher=batcher,
+                   slots=slots, batch_slots=max(1, slots - reserve))
 
     def close(self) -> None:
+        stats = self.batcher.stats
+        log.info("engine ran %d batches, %d pages, busy %.1fs", stats.batches, stats.pages, stats.busy_s)
         self.batcher.close()
         self.pool.close()
         self.engine.close()
@@ -83,9 +95,12 @@ def task_spec(job: JobRow) -> TaskSpec:
 def process_page(rt: Runtime, job: JobRow) -> PageOutcome:
     """One attempt at one page. Never raises for the page's own failure."""
     timings = _known_timings(job)
-    prep = _await_prepared(rt, job, rt.pool.submit(job.original_key or "", rt.engine.input_spec))
+    rt.batcher.expect()
+    urgent = job.lane == Lane.INTERACTIVE.value  # never queue behind the backlog's preprocessing
+    prep = _await_prepared(rt, job, rt.pool.submit(job.original_key or "", rt.engine.input_spec, urgent=urgent))
     timings[Stage.PREPROCESS.value] = prep.seconds
     if prep.image is None:
+        rt.batcher.unexpect()
         return _failed(job, prep.error or PaperlaneError("preprocessing failed"), timings)
     ready = time.perf_counter()
     outcome, batch_s = rt.batcher.submit(EngineRequest(image=prep.image, spec=task_spec(job)),

@@ -24,12 +24,24 @@ def page_pixels(image: PreparedImage) -> np.ndarray:
     return img
 
 
+# An annotated image is for a person checking the result: 1600 px on the long side is plenty, and
+# PNG-encoding the engine's full-size input would cost several times more CPU and storage.
+MAX_SIDE = 1600
+
+
 def annotate(image: PreparedImage, lines: list[Line]) -> bytes:
-    """A PNG of the prepared page with ``lines`` (original-pixel quads) drawn on it."""
-    canvas = page_pixels(image).copy()
-    sx = image.width / image.original_width
-    sy = image.height / image.original_height
-    thickness = max(1, round(max(image.width, image.height) / 800))
+    """A PNG of the page with ``lines`` (original-pixel quads) drawn on it, at most MAX_SIDE px."""
+    canvas = page_pixels(image)
+    fit = min(1.0, MAX_SIDE / max(image.width, image.height))
+    if fit < 1.0:
+        canvas = cv2.resize(canvas, (round(image.width * fit), round(image.height * fit)), interpolation=cv2.INTER_AREA)
+    else:
+        canvas = canvas.copy()
+    if canvas.ndim == 2:
+        canvas = cv2.cvtColor(canvas, cv2.COLOR_GRAY2BGR)
+    sx = canvas.shape[1] / image.original_width
+    sy = canvas.shape[0] / image.original_height
+    thickness = max(1, round(max(canvas.shape[:2]) / 800))
     for i, ln in enumerate(lines, 1):
         if not ln.quad:
             continue

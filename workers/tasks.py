@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 def register_tasks(app: Celery, runtime: Runtime) -> None:
     """Register paperlane's task on ``app``, served by the resident ``runtime``, and its lane governor."""
-    policy = LanePolicy(batch_share=runtime.settings.worker.batch_share)
+    policy = LanePolicy(batch_share=runtime.settings.worker.batch_share, batch_limit=runtime.batch_slots)
     install_governor(app, policy, runtime.settings.redis.url)
 
     @app.task(name=TASK_PROCESS_PAGE, bind=True, acks_late=True, max_retries=None)
@@ -42,8 +42,12 @@ def handle_page(rt: Runtime, policy: LanePolicy, task: Task, job_id: str) -> str
     if job is None:
         log.info("job %s already finished; redelivered message ignored", job_id)
         return "duplicate"
-    policy.started(Lane(job.lane))
-    decision = settle(rt.db, process_page(rt, job), rt.settings.worker)
+    lane = Lane(job.lane)
+    policy.started(lane)
+    try:
+        decision = settle(rt.db, process_page(rt, job), rt.settings.worker)
+    finally:
+        policy.finished(lane)
     if decision.action == "retry":
         raise task.retry(countdown=decision.delay, queue=Lane(job.lane).queue, priority=job.priority)
     return decision.action
