@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from common import a4_scan, start_services, start_sim_worker, stop, with_comment, write_config
+from sqlalchemy import func, select
 
 from paperlane.broker import make_celery
 from paperlane.schemas import TaskSpec
@@ -25,7 +26,6 @@ from paperlane.settings import load_settings
 from priority.lanes import Lane
 from producer.inputs import PageInput
 from producer.submit import CeleryPublisher, submit_pages
-from sqlalchemy import func, select
 from storage.db import Database
 from storage.objects import open_store
 from storage.tables import JobRow
@@ -58,7 +58,7 @@ def main() -> int:
             t0 = time.perf_counter()
             t_ready = time.time()
             try:
-                while (done := _finished(db)) < len(ids):
+                while _finished(db) < len(ids):
                     time.sleep(0.2)
                 wall = time.perf_counter() - t0
             finally:

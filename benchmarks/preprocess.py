@@ -15,10 +15,9 @@ import argparse
 import statistics
 import time
 
-from common import HUNYUAN_SPEC, a4_scan
-
 import cv2
 import numpy as np
+from common import HUNYUAN_SPEC, a4_scan
 
 from models.engine import InputSpec
 from models.rapid import RapidEngine

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from common import small_page, start_services, start_sim_worker, stop, with_comment, write_config
+from sqlalchemy import func, select
 
 from paperlane.broker import make_celery
 from paperlane.schemas import TaskSpec
@@ -26,7 +27,6 @@ from paperlane.settings import load_settings
 from priority.lanes import Lane
 from producer.inputs import PageInput
 from producer.submit import CeleryPublisher, submit_pages
-from sqlalchemy import func, select
 from storage import jobs as jobstore
 from storage.db import Database
 from storage.objects import open_store

@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Sequence
 from importlib.metadata import version
+from typing import Any
 
 import cv2
 import numpy as np
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 class RapidEngine:
     def __init__(self, *, max_side: int = 2000) -> None:
         self._max_side = max_side
-        self._ocr: object | None = None
+        self._ocr: Any = None
         self._info = EngineInfo(name="rapidocr", version=version("rapidocr"), model="PP-OCR (bundled)")
 
     @property
@@ -53,7 +54,7 @@ class RapidEngine:
         # The first call at a new size is slow; pay for it now, not on the first page.
         warm = np.full((64, 320, 3), 255, np.uint8)
         cv2.putText(warm, "paperlane 0123", (10, 44), cv2.FONT_HERSHEY_SIMPLEX, 1.0, (0, 0, 0), 2)
-        self._ocr(warm)  # type: ignore[operator]
+        self._ocr(warm)
         log.info("rapidocr ready in %.2fs", time.perf_counter() - t0)
 
     def infer(self, requests: Sequence[EngineRequest]) -> list[Outcome]:
@@ -71,7 +72,7 @@ class RapidEngine:
         t0 = time.perf_counter()
         pixels, scale = _fit_detector(pixels)
         try:
-            out = self._ocr(pixels)  # type: ignore[operator]
+            out = self._ocr(pixels)
         except Exception as exc:  # onnxruntime raises plain RuntimeErrors
             log.exception("rapidocr failed")
             return EngineError(f"rapidocr failed: {type(exc).__name__}", stage="inference")

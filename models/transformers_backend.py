@@ -14,11 +14,11 @@ from collections.abc import Sequence
 from importlib.metadata import version
 from typing import Any
 
-from models.engine import Capacity, EngineOutput, EngineRequest, InputSpec, Outcome
+from models.engine import Capacity, EngineRequest, Outcome
 from models.images import to_pil
-from models.profiles import Profile, get_profile
+from models.vlm import VlmEngineBase
 from paperlane.errors import EngineError, PaperlaneError, UsageError
-from paperlane.schemas import EngineInfo, Usage
+from paperlane.schemas import EngineInfo
 from paperlane.settings import EngineSettings
 
 log = logging.getLogger(__name__)
@@ -26,12 +26,11 @@ log = logging.getLogger(__name__)
 _STAGE = "inference"
 
 
-class TransformersEngine:
+class TransformersEngine(VlmEngineBase):
     def __init__(self, cfg: EngineSettings) -> None:
         if not cfg.model:
             raise UsageError("the transformers engine needs engine.model (--model DIR)")
-        self._cfg = cfg
-        self._profile: Profile = get_profile(cfg.profile)
+        super().__init__(cfg)
         self._model: Any = None
         self._processor: Any = None
         self._torch: Any = None
@@ -40,10 +39,6 @@ class TransformersEngine:
     def info(self) -> EngineInfo:
         return EngineInfo(name="transformers", version=version("transformers"),
                           model=f"{self._cfg.model} ({self._profile.name})")
-
-    @property
-    def input_spec(self) -> InputSpec:
-        return self._profile.input_spec()
 
     @property
     def capacity(self) -> Capacity:
@@ -104,7 +99,7 @@ class TransformersEngine:
             return [EngineError(f"transformers failed: {type(exc).__name__}", stage=_STAGE)] * len(reqs)
         seconds = (time.perf_counter() - t0) / len(reqs)
         new_tokens = out[:, inputs["input_ids"].shape[1]:]
-        return [self._parse(req, tokens, seconds, int(inputs["input_ids"].shape[1]), sampling["max_tokens"])
+        return [self._parse(req, tokens, seconds, int(inputs["input_ids"].shape[1]), int(sampling["max_tokens"]))
                 for req, tokens in zip(reqs, new_tokens)]
 
     def _parse(self, req: EngineRequest, tokens: Any, seconds: float, prompt_len: int, limit: int) -> Outcome:
@@ -117,14 +112,8 @@ class TransformersEngine:
         generated = [t for t in generated if t != pad]
         finish = "stop" if ended is not None or len(generated) < limit else "length"
         raw = self._processor.tokenizer.decode(generated, skip_special_tokens=True)
-        try:
-            result: EngineOutput = self._profile.parse(raw, req.spec, image_width=req.image.width,
-                                                       image_height=req.image.height, finish_reason=finish)
-        except PaperlaneError as exc:
-            return exc
-        result.usage = Usage(prompt_tokens=prompt_len, completion_tokens=len(generated))
-        result.seconds = seconds
-        return result
+        return self._read(req, raw, finish_reason=finish, prompt_tokens=prompt_len,
+                          completion_tokens=len(generated), seconds=seconds)
 
     def close(self) -> None:
         self._model = None

@@ -18,11 +18,11 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from models.aio import LoopThread
-from models.engine import Capacity, EngineOutput, EngineRequest, InputSpec, Outcome
+from models.engine import EngineRequest, Outcome
 from models.images import to_pil
-from models.profiles import Profile, get_profile
+from models.vlm import VlmEngineBase
 from paperlane.errors import EngineError, EngineUnavailable, PaperlaneError, UsageError
-from paperlane.schemas import EngineInfo, Usage
+from paperlane.schemas import EngineInfo
 from paperlane.settings import EngineSettings
 
 log = logging.getLogger(__name__)
@@ -44,12 +44,11 @@ def _vllm_version() -> str:
     return "unknown"
 
 
-class VllmInprocessEngine:
+class VllmInprocessEngine(VlmEngineBase):
     def __init__(self, cfg: EngineSettings) -> None:
         if not cfg.model:
             raise UsageError("the vllm-inprocess engine needs engine.model (--model DIR)")
-        self._cfg = cfg
-        self._profile: Profile = get_profile(cfg.profile)
+        super().__init__(cfg)
         self._loop: LoopThread | None = None
         self._engine: Any = None
         self._tokenizer: Any = None
@@ -59,14 +58,6 @@ class VllmInprocessEngine:
     def info(self) -> EngineInfo:
         return EngineInfo(name="vllm-inprocess", version=_vllm_version(),
                           model=f"{self._cfg.model} ({self._profile.name})")
-
-    @property
-    def input_spec(self) -> InputSpec:
-        return self._profile.input_spec()
-
-    @property
-    def capacity(self) -> Capacity:
-        return Capacity.continuous(self._cfg.max_in_flight)
 
     def start(self) -> None:
         if self._engine is not None:
@@ -125,14 +116,8 @@ class VllmInprocessEngine:
 
     def _parse(self, req: EngineRequest, final: Any, seconds: float) -> Outcome:
         choice = final.outputs[0]
-        try:
-            out: EngineOutput = self._profile.parse(choice.text, req.spec, image_width=req.image.width,
-                                                    image_height=req.image.height, finish_reason=choice.finish_reason)
-        except PaperlaneError as exc:
-            return exc
-        out.usage = Usage(prompt_tokens=len(final.prompt_token_ids or ()), completion_tokens=len(choice.token_ids))
-        out.seconds = seconds
-        return out
+        return self._read(req, choice.text, finish_reason=choice.finish_reason, seconds=seconds,
+                          prompt_tokens=len(final.prompt_token_ids or ()), completion_tokens=len(choice.token_ids))
 
     def close(self) -> None:
         if self._engine is not None:

@@ -18,10 +18,10 @@ from typing import Any
 import httpx
 
 from models.aio import LoopThread
-from models.engine import Capacity, EngineOutput, EngineRequest, InputSpec, Outcome
-from models.profiles import Profile, get_profile
+from models.engine import EngineRequest, Outcome
+from models.vlm import VlmEngineBase
 from paperlane.errors import EngineError, EngineUnavailable, PaperlaneError, UsageError
-from paperlane.schemas import EngineInfo, Usage
+from paperlane.schemas import EngineInfo
 from paperlane.settings import EngineSettings
 
 log = logging.getLogger(__name__)
@@ -29,13 +29,12 @@ log = logging.getLogger(__name__)
 _STAGE = "inference"
 
 
-class VllmServerEngine:
+class VllmServerEngine(VlmEngineBase):
     def __init__(self, cfg: EngineSettings) -> None:
         if not cfg.url:
             raise UsageError("the vllm engine needs engine.url (--engine-url http://HOST:PORT/v1)")
-        self._cfg = cfg
+        super().__init__(cfg)
         self._base = cfg.url.rstrip("/")
-        self._profile: Profile = get_profile(cfg.profile)
         self._model = cfg.model
         self._version = "unknown"
         self._loop: LoopThread | None = None
@@ -48,14 +47,6 @@ class VllmServerEngine:
     def info(self) -> EngineInfo:
         return EngineInfo(name="vllm", version=self._version, model=f"{self._model} ({self._profile.name})")
 
-    @property
-    def input_spec(self) -> InputSpec:
-        return self._profile.input_spec()
-
-    @property
-    def capacity(self) -> Capacity:
-        return Capacity.continuous(self._cfg.max_in_flight)
-
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -66,7 +57,8 @@ class VllmServerEngine:
     async def _start(self) -> None:
         headers = {"Authorization": f"Bearer {self._cfg.api_key.get_secret_value()}"} if self._cfg.api_key else {}
         timeout = httpx.Timeout(self._cfg.request_timeout, connect=10.0)
-        limits = httpx.Limits(max_connections=self._cfg.max_in_flight, max_keepalive_connections=self._cfg.max_in_flight)
+        n = self._cfg.max_in_flight
+        limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
         self._client = httpx.AsyncClient(headers=headers, timeout=timeout, limits=limits)
         self._slots = asyncio.Semaphore(self._cfg.max_in_flight)
         await self._wait_ready()
@@ -92,8 +84,8 @@ class VllmServerEngine:
             except httpx.HTTPError as exc:
                 last = type(exc).__name__
             await asyncio.sleep(0.5)
-        raise EngineUnavailable(f"vllm server at {self._base} not ready after {self._cfg.startup_timeout:.0f}s ({last})",
-                                stage=_STAGE)
+        waited = self._cfg.startup_timeout
+        raise EngineUnavailable(f"vllm server at {self._base} not ready after {waited:.0f}s ({last})", stage=_STAGE)
 
     async def _served_models(self) -> list[str]:
         assert self._client is not None
@@ -181,16 +173,9 @@ class VllmServerEngine:
             finish = choice.get("finish_reason")
         except (KeyError, IndexError, TypeError, AttributeError):
             return EngineError("vllm server answer has no choices", stage=_STAGE)
-        try:
-            out: EngineOutput = self._profile.parse(raw, req.spec, image_width=req.image.width,
-                                                    image_height=req.image.height, finish_reason=finish)
-        except PaperlaneError as exc:
-            return exc
         usage = answer.get("usage") or {}
-        out.usage = Usage(prompt_tokens=int(usage.get("prompt_tokens") or 0),
-                          completion_tokens=int(usage.get("completion_tokens") or 0))
-        out.seconds = seconds
-        return out
+        return self._read(req, raw, finish_reason=finish, prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                          completion_tokens=int(usage.get("completion_tokens") or 0), seconds=seconds)
 
 
 def _error_message(resp: httpx.Response) -> str:

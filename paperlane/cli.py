@@ -6,7 +6,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -16,6 +16,10 @@ from paperlane.errors import PaperlaneError, UsageError
 from paperlane.schemas import JobStatus, PageResult, Task, TaskSpec
 from paperlane.settings import EngineKind, EngineSettings, Settings, load_settings
 from priority.lanes import Lane
+
+if TYPE_CHECKING:
+    from storage.objects import ObjectStore
+    from storage.tables import JobRow
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="paperlane: scanned documents to structured text, from one page to millions.")
@@ -33,12 +37,12 @@ class _State:
 
 _state = _State()
 
-EngineOpt = Annotated[Optional[EngineKind], typer.Option("--engine", help="OCR engine (default: settings, rapid)")]
-EngineUrlOpt = Annotated[Optional[str], typer.Option("--engine-url", help="vllm: http://HOST:PORT/v1")]
-ModelOpt = Annotated[Optional[str], typer.Option("--model", help="served model name or local model folder")]
-ProfileOpt = Annotated[Optional[str], typer.Option("--profile", help="model profile, e.g. hunyuanocr-1.0")]
+EngineOpt = Annotated[EngineKind | None, typer.Option("--engine", help="OCR engine (default: settings, rapid)")]
+EngineUrlOpt = Annotated[str | None, typer.Option("--engine-url", help="vllm: http://HOST:PORT/v1")]
+ModelOpt = Annotated[str | None, typer.Option("--model", help="served model name or local model folder")]
+ProfileOpt = Annotated[str | None, typer.Option("--profile", help="model profile, e.g. hunyuanocr-1.0")]
 TaskOpt = Annotated[Task, typer.Option("--task", help="what to extract from each page")]
-FieldOpt = Annotated[Optional[list[str]], typer.Option("--field", help="fields task: a key to extract (repeat)")]
+FieldOpt = Annotated[list[str] | None, typer.Option("--field", help="fields task: a key to extract (repeat)")]
 LangOpt = Annotated[str, typer.Option("--to", help="translate task: target language")]
 LaneOpt = Annotated[Lane, typer.Option("--lane", help="interactive pages overtake the batch backlog")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="redo pages already done")]
@@ -46,7 +50,7 @@ ForceOpt = Annotated[bool, typer.Option("--force", help="redo pages already done
 
 @app.callback()
 def _main(
-    config: Annotated[Optional[Path], typer.Option("--config", help="a KEY=VALUE file of PAPERLANE_* settings")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="a KEY=VALUE file of PAPERLANE_* settings")] = None,
     verbose: Annotated[int, typer.Option("--verbose", "-v", count=True, help="-v: log at INFO, -vv: DEBUG")] = 0,
 ) -> None:
     _state.config = config
@@ -178,8 +182,8 @@ def submit(
 @app.command()
 def worker(
     engine: EngineOpt = None, engine_url: EngineUrlOpt = None, model: ModelOpt = None, profile: ProfileOpt = None,
-    queues: Annotated[Optional[str], typer.Option("--queues", "-Q", help="comma-separated lane names")] = None,
-    hostname: Annotated[Optional[str], typer.Option("--hostname", "-n")] = None,
+    queues: Annotated[str | None, typer.Option("--queues", "-Q", help="comma-separated lane names")] = None,
+    hostname: Annotated[str | None, typer.Option("--hostname", "-n")] = None,
 ) -> None:
     """Run a Celery worker that keeps one OCR engine resident and processes queued pages."""
     from paperlane.broker import make_celery
@@ -227,24 +231,23 @@ def status(
     raise typer.Exit(1 if any(v["status"] in (None, "failed") for v in views) else 0)
 
 
-def _job_view(row: object, job_id: str, store: object) -> dict:
+def _job_view(row: JobRow | None, job_id: str, store: ObjectStore) -> dict[str, Any]:
     from storage.jobs import job_timings
 
     if row is None:
         return {"job_id": job_id, "status": None, "error": "no such job"}
-    r = row  # type: ignore[assignment]
     return {
-        "job_id": r.id, "status": r.status, "lane": r.lane, "task": r.task, "source": r.source, "page": r.page,
-        "attempts": r.attempts, "error": r.error, "error_stage": r.error_stage, "engine": r.engine,
-        "timings": job_timings(r),
-        "result": store.url(r.result_key) if r.result_key else None,  # type: ignore[attr-defined]
-        "annotated": store.url(r.annotated_key) if r.annotated_key else None,  # type: ignore[attr-defined]
-        "created_at": r.created_at.isoformat() if r.created_at else None,
-        "finished_at": r.finished_at.isoformat() if r.finished_at else None,
+        "job_id": row.id, "status": row.status, "lane": row.lane, "task": row.task, "source": row.source,
+        "page": row.page, "attempts": row.attempts, "error": row.error, "error_stage": row.error_stage,
+        "engine": row.engine, "timings": job_timings(row),
+        "result": store.url(row.result_key) if row.result_key else None,
+        "annotated": store.url(row.annotated_key) if row.annotated_key else None,
+        "created_at": row.created_at.isoformat() if row.created_at else None,
+        "finished_at": row.finished_at.isoformat() if row.finished_at else None,
     }
 
 
-def _print_job(v: dict) -> None:
+def _print_job(v: dict[str, Any]) -> None:
     colour = {"succeeded": "green", "failed": "red", "running": "yellow"}.get(v["status"] or "", "white")
     out.print(f"[bold]{v['job_id']}[/]  [{colour}]{v['status'] or 'unknown'}[/]", highlight=False)
     if v["status"] is None:

@@ -124,8 +124,8 @@ class Settings(BaseSettings):
         return (self.storage.root or self.data_dir / "objects").resolve()
 
 
-def load_settings(env_file: Path | None = None, **overrides: object) -> Settings:
-    """Build the settings at an entry point: environment, then ``env_file``, then ``overrides``."""
+def load_settings(env_file: Path | None = None) -> Settings:
+    """Build the settings at an entry point: ``PAPERLANE_*`` environment variables, then ``env_file``."""
     if env_file is not None:
-        return Settings(_env_file=env_file, **overrides)  # type: ignore[call-arg]
-    return Settings(**overrides)  # type: ignore[arg-type]
+        return Settings(_env_file=env_file)  # type: ignore[call-arg]
+    return Settings()

@@ -14,6 +14,7 @@ import tarfile
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path, PurePosixPath
 
 from paperlane.errors import InputError, UsageError
@@ -151,8 +152,12 @@ def _zip_members(source: str, data: bytes) -> Iterator[PageInput]:
             member = PurePosixPath(info.filename)
             if info.is_dir() or _hidden(member) or _kind(member.name) is None:
                 continue
-            yield from _from_file(member.name, f"{source}!{info.filename}",
-                                  lambda info=info: archive.read(info))
+            yield from _from_file(member.name, f"{source}!{info.filename}", partial(archive.read, info))
+
+
+def _tar_read(archive: tarfile.TarFile, info: tarfile.TarInfo) -> bytes:
+    fh = archive.extractfile(info)
+    return fh.read() if fh is not None else b""
 
 
 def _tar_members(source: str, data: bytes) -> Iterator[PageInput]:
@@ -167,5 +172,4 @@ def _tar_members(source: str, data: bytes) -> Iterator[PageInput]:
             member = PurePosixPath(info.name)
             if not info.isfile() or _hidden(member) or _kind(member.name) is None:
                 continue
-            yield from _from_file(member.name, f"{source}!{info.name}",
-                                  lambda info=info: archive.extractfile(info).read())  # type: ignore[union-attr]
+            yield from _from_file(member.name, f"{source}!{info.name}", partial(_tar_read, archive, info))

@@ -1,7 +1,8 @@
 """Micro-batches formed from the pages a worker is working on right now.
 
-Every page in progress (one per task slot) hands its prepared image to the ``MicroBatcher`` and
-waits on a future (it announces itself with ``expect`` when its preprocessing starts). A dispatcher thread (one per batch the engine runs at once) takes up to
+Every page in progress (one per task slot) announces itself with ``expect`` when its
+preprocessing starts, then hands its prepared image to the ``MicroBatcher`` and waits on a
+future. A dispatcher thread (one per batch the engine runs at once) takes up to
 ``max_size`` ready pages at a time, most urgent first (lowest message priority, then arrival),
 and runs them as one ``engine.infer`` call. A batch waits to fill only while announced pages
 are still being preprocessed, at most ``max_wait``, and not at all when an interactive page is
@@ -67,8 +68,8 @@ class MicroBatcher:
         self._threads = [threading.Thread(target=self._loop, name=f"engine-{i}", daemon=True)
                          for i in range(dispatchers)]
         if dispatchers > 1:
-            # A server that batches continuously has room for one more request at any time: an urgent
-            # page goes straight to it instead of waiting for a batch in flight to come back.
+            # A server that batches continuously has room for one more request at any time: urgent
+            # pages (only those) go straight to it instead of waiting for a batch in flight to return.
             self._threads.append(threading.Thread(target=self._loop, args=(True,), name="engine-urgent", daemon=True))
         for thread in self._threads:
             thread.start()
@@ -117,7 +118,10 @@ class MicroBatcher:
                 if left <= 0:
                     break
                 self._cond.wait(left)
-            return [heapq.heappop(self._heap) for _ in range(min(self._max_size, len(self._heap)))]
+            batch = []
+            while self._heap and len(batch) < self._max_size and (not urgent_only or self._urgent_first()):
+                batch.append(heapq.heappop(self._heap))
+            return batch
 
     def _urgent_first(self) -> bool:
         return bool(self._heap) and self._heap[0].priority < self._urgent_below

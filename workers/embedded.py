@@ -18,10 +18,11 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from paperlane.errors import PaperlaneError
-from paperlane.schemas import JobStatus, PageResult, TaskSpec
+from paperlane.schemas import JobStatus, PageResult, Task, TaskSpec
 from priority.lanes import Lane
 from priority.policy import LanePolicy
 from producer.inputs import PageInput
@@ -99,7 +100,7 @@ class _Scheduler:
                 while in_flight < self.slots and (picked := self._pick()) is not None:
                     name, job = picked
                     fut = slots.submit(self._attempts, job)
-                    fut.add_done_callback(lambda f, name=name, job=job: self.done.put((name, job, f)))
+                    fut.add_done_callback(partial(self._done, name, job))
                     in_flight += 1
                 if in_flight == 0 and self.exhausted and not any(self.waiting.values()):
                     return
@@ -107,6 +108,9 @@ class _Scheduler:
                 in_flight -= 1
                 self.policy.finished(Lane(job.lane))
                 self._emit_outcome(name, job, fut.result())
+
+    def _done(self, name: str, job: JobRow, fut: Future[PageOutcome | None]) -> None:
+        self.done.put((name, job, fut))
 
     def _refill(self) -> None:
         while not self.exhausted and sum(map(len, self.waiting.values())) < 2 * self.slots:
@@ -157,4 +161,4 @@ def _stored(rt: Runtime, job: JobRow) -> tuple[PageResult, bytes | None]:
         except PaperlaneError as exc:
             log.warning("stored result of job %s unreadable (%s)", job.id, exc)
     return PageResult(job_id=job.id, source=job.source, page=job.page, status=JobStatus.FAILED,
-                      error=job.error or "stored result missing", task=job.task), None
+                      error=job.error or "stored result missing", task=Task(job.task)), None

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from models.engine import Engine, EngineOutput, EngineRequest, PreparedImage
 from models.factory import build_engine
 from paperlane.errors import InputError, PaperlaneError, public_reason
-from paperlane.schemas import JobStatus, PageResult, Stage, TaskSpec
+from paperlane.schemas import JobStatus, PageResult, Stage, Task, TaskSpec
 from paperlane.settings import Settings
 from priority.lanes import LEVELS_PER_LANE, Lane
 from storage import jobs as jobstore
@@ -89,7 +89,7 @@ class PageOutcome:
 
 
 def task_spec(job: JobRow) -> TaskSpec:
-    return TaskSpec(task=job.task, **(job.task_options or {}))
+    return TaskSpec(task=Task(job.task), **(job.task_options or {}))
 
 
 def process_page(rt: Runtime, job: JobRow) -> PageOutcome:

@@ -95,8 +95,8 @@ def decode(data: bytes, header: Header, *, grayscale: bool = False, reduce: int 
     img = cv2.imdecode(buf, flags)
     if img is None:
         raise InputError(f"corrupt {header.format} image (cannot be decoded)", stage=_STAGE)
-    if img.dtype != np.uint8:
-        img = cv2.convertScaleAbs(img, alpha=255.0 / np.iinfo(img.dtype).max)
+    if img.dtype != np.uint8:  # 16-bit scans
+        img = cv2.convertScaleAbs(img, alpha=255.0 / np.iinfo(img.dtype.name).max)
     if img.ndim == 3 and img.shape[2] == 4:
         alpha = img[:, :, 3:4].astype(np.float32) / 255.0
         img = (img[:, :, :3] * alpha + 255.0 * (1.0 - alpha)).astype(np.uint8)
@@ -152,8 +152,9 @@ def prepare(data: bytes, spec: InputSpec, limits: Limits = Limits()) -> Prepared
     if spec.encoding == "array":
         prepared.pixels = np.ascontiguousarray(cv2.cvtColor(img, cv2.COLOR_GRAY2BGR) if img.ndim == 2 else img)
     else:
-        ext, params = (".jpg", [cv2.IMWRITE_JPEG_QUALITY, spec.jpeg_quality]) if spec.encoding == "jpeg" else (".png", [])
-        ok, enc = cv2.imencode(ext, img, params)
+        jpeg = spec.encoding == "jpeg"
+        params = [cv2.IMWRITE_JPEG_QUALITY, spec.jpeg_quality] if jpeg else []
+        ok, enc = cv2.imencode(".jpg" if jpeg else ".png", img, params)
         if not ok:
             raise InputError("cannot encode the page for the engine", stage=_STAGE)
         prepared.data, prepared.mime = enc.tobytes(), f"image/{spec.encoding}"

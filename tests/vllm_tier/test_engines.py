@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import MAX_TOKENS, SERVED_NAME, VllmServer
+
 from models.engine import EngineOutput, EngineRequest
 from models.factory import build_engine
 from paperlane.errors import EngineError, EngineOutputError, EngineUnavailable, UsageError

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import MAX_TOKENS, VllmServer
+
 from tests.conftest import Stack, cli
 from tests.pages import render_page, sample_lines
 from tests.test_distributed import submit, wait_terminal
