@@ -116,10 +116,10 @@ def run(
         summary = run_embedded(rt, pages, out_dir=out_dir, spec=spec, lane=lane, force=force, on_page=_print_page)
     finally:
         rt.close()
-    ok = len(summary.results) - summary.failed
-    out.print(f"\n{len(summary.results)} pages: {ok} succeeded, {summary.failed} failed "
+    ok = summary.pages - summary.failed
+    out.print(f"\n{summary.pages} pages: {ok} succeeded, {summary.failed} failed "
               f"in {summary.seconds:.1f}s -> {out_dir}")
-    _print_time_table([r.timings for _, r in summary.results])
+    _print_time_table(summary.timings)
     raise typer.Exit(1 if summary.failed else 0)
 
 

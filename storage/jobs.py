@@ -89,12 +89,12 @@ def get_jobs(db: Database, job_ids: Iterable[str]) -> list[JobRow]:
     return [rows[i] for i in ids if i in rows]
 
 
-def start_attempt(db: Database, job_id: str, *, max_attempts: int) -> JobRow | None:
+def start_attempt(db: Database, job_id: str, *, max_attempts: int | None) -> JobRow | None:
     """Mark the job running and count the attempt; None when there is nothing to do.
 
     Nothing to do: the job already finished (a redelivered message), or its earlier attempts all
     died with their worker (it was still ``running``) and it has used up ``max_attempts`` — then
-    it is failed here, so a page that kills workers cannot loop forever.
+    it is failed here, so a page that kills workers cannot loop forever (``None``: no such limit).
     """
     now = utcnow()
     with db.session() as s:
@@ -103,7 +103,7 @@ def start_attempt(db: Database, job_id: str, *, max_attempts: int) -> JobRow | N
             raise JobNotFound(f"no job with id {job_id}")
         if JobStatus(row.status).terminal:
             return None
-        if row.status == JobStatus.RUNNING.value and row.attempts >= max_attempts:
+        if max_attempts is not None and row.status == JobStatus.RUNNING.value and row.attempts >= max_attempts:
             row.status = JobStatus.FAILED.value
             row.error = f"processing stopped the worker {row.attempts} times; giving up on this page"
             row.error_stage = row.error_stage or "inference"

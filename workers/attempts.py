@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from paperlane.errors import is_retryable, public_reason
+from paperlane.errors import PaperlaneError, is_retryable, public_reason
 from paperlane.settings import WorkerSettings
 from storage import jobs as jobstore
 from storage.db import Database
@@ -36,7 +36,7 @@ def settle(db: Database, outcome: PageOutcome, cfg: WorkerSettings) -> Decision:
     exc = outcome.error
     reason = public_reason(exc)
     stage = getattr(exc, "stage", None)
-    if not hasattr(exc, "retryable"):
+    if not isinstance(exc, PaperlaneError):
         log.error("job %s: unexpected error", job.id, exc_info=exc)
     if is_retryable(exc) and job.attempts < cfg.max_attempts:
         delay = cfg.retry_backoff * 2 ** (job.attempts - 1)

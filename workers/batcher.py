@@ -118,7 +118,7 @@ class MicroBatcher:
                 if left <= 0:
                     break
                 self._cond.wait(left)
-            batch = []
+            batch: list[_Pending] = []
             while self._heap and len(batch) < self._max_size and (not urgent_only or self._urgent_first()):
                 batch.append(heapq.heappop(self._heap))
             return batch

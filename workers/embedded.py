@@ -40,12 +40,12 @@ Emit = Callable[[str, PageResult, "bytes | None"], None]
 
 @dataclass
 class RunSummary:
-    results: list[tuple[str, PageResult]] = field(default_factory=list)  # (output name, result)
-    seconds: float = 0.0
+    """What a run did, kept small: a run over millions of pages must not hold their results."""
 
-    @property
-    def failed(self) -> int:
-        return sum(1 for _, r in self.results if r.status is JobStatus.FAILED)
+    pages: int = 0
+    failed: int = 0
+    timings: list[dict[str, float]] = field(default_factory=list)  # per page, seconds per stage
+    seconds: float = 0.0
 
 
 def run_embedded(rt: Runtime, pages: Iterable[PageInput], *, out_dir: Path, spec: TaskSpec,
@@ -60,7 +60,9 @@ def run_embedded(rt: Runtime, pages: Iterable[PageInput], *, out_dir: Path, spec
         (out_dir / f"{name}.json").write_bytes(result_json(result))
         if png is not None:
             (out_dir / f"{name}.png").write_bytes(png)
-        summary.results.append((name, result))
+        summary.pages += 1
+        summary.failed += result.status is JobStatus.FAILED
+        summary.timings.append(result.timings)
         if on_page:
             on_page(name, result)
 
@@ -134,10 +136,11 @@ class _Scheduler:
 
     def _attempts(self, job: JobRow) -> PageOutcome | None:
         """Attempts at one page under the retry policy; None when it needs none (finished elsewhere)."""
-        cfg = self.rt.settings.worker
-        while (started := jobstore.start_attempt(self.rt.db, job.id, max_attempts=cfg.max_attempts)) is not None:
+        # No crash-loop limit here: a page that kills this process stops the run where the user sees it,
+        # and an interrupted run (Ctrl-C) must not count against the pages it was working on.
+        while (started := jobstore.start_attempt(self.rt.db, job.id, max_attempts=None)) is not None:
             outcome = process_page(self.rt, started)
-            decision = settle(self.rt.db, outcome, cfg)
+            decision = settle(self.rt.db, outcome, self.rt.settings.worker)
             if decision.action != "retry":
                 return outcome
             time.sleep(decision.delay)

@@ -103,8 +103,11 @@ def process_page(rt: Runtime, job: JobRow) -> PageOutcome:
         rt.batcher.unexpect()
         return _failed(job, prep.error or PaperlaneError("preprocessing failed"), timings)
     ready = time.perf_counter()
-    outcome, batch_s = rt.batcher.submit(EngineRequest(image=prep.image, spec=task_spec(job)),
-                                         priority=job.priority).result()
+    try:
+        pending = rt.batcher.submit(EngineRequest(image=prep.image, spec=task_spec(job)), priority=job.priority)
+    except PaperlaneError as exc:  # the worker is shutting down: the page is retried elsewhere
+        return _failed(job, exc, timings)
+    outcome, batch_s = pending.result()
     own = outcome.seconds if isinstance(outcome, EngineOutput) and outcome.seconds is not None else batch_s
     timings[Stage.INFERENCE.value] = own
     # Waiting for the engine (a batch ahead, the batch filling, pages before it) is queueing.
