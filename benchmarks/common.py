@@ -171,7 +171,7 @@ def _worker_main(config: str, engine_json: str) -> None:
     from workers.tasks import register_tasks
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    for noisy in ("workers.attempts", "celery.worker.strategy", "celery.app.trace", "botocore", "kombu",
+    for noisy in ("celery.worker.strategy", "celery.app.trace", "botocore", "kombu",
                   "celery.worker.consumer.consumer"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     settings = load_settings(Path(config))

@@ -37,6 +37,7 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=8, help="pages per micro-batch")
     p.add_argument("--latency", type=float, default=1.6, help="simulated seconds per micro-batch")
     p.add_argument("--processes", type=int, default=2, help="CPU preprocessing processes")
+    p.add_argument("--log", help="keep the worker's log here")
     args = p.parse_args()
     engine_rate = args.batch / args.latency
     with tempfile.TemporaryDirectory() as tmp:
@@ -55,6 +56,7 @@ def main() -> int:
                                                   lane=Lane.BATCH, publisher=CeleryPublisher(make_celery(settings)))]
             print(f"queued {len(ids)} A4 scans in {time.perf_counter() - t_sub:.1f}s")
             worker = start_sim_worker(config, root / "worker.log", latency=args.latency, batch_size=args.batch)
+            (root / "keep").write_text(str(root))
             t0 = time.perf_counter()
             t_ready = time.time()
             try:
@@ -65,6 +67,8 @@ def main() -> int:
                 stop(worker)
             failed = _finished(db, status="failed")
             print(*[ln for ln in (root / "worker.log").read_text().splitlines() if "engine ran" in ln], sep="\n")
+            if args.log:
+                Path(args.log).write_text((root / "worker.log").read_text())
             first, last = _span(db)
             print(f"first page stored after {first - t_ready:.2f}s")
         finally:

@@ -88,8 +88,8 @@ class WorkerSettings(BaseModel):
     batch_size: int = Field(0, ge=0, description="pages per engine call; 0 = what the engine prefers")
     batch_wait: float = Field(0.25, ge=0, description="most seconds a micro-batch waits for pages that are "
                               "still being preprocessed (never for pages not yet started, never with interactive)")
-    slots: int = Field(0, ge=0, description="pages in progress per worker; 0 = one batch more than the "
-                       "engine runs at once, so the next batch is preprocessed while the engine works")
+    slots: int = Field(0, ge=0, description="pages in progress per worker; 0 = two batches more than the "
+                       "engine runs at once (prepared ahead), plus one batch kept free for interactive pages")
     batch_share: float = Field(0.2, gt=0, le=0.5, description="share of starts batch keeps under interactive load")
     max_attempts: int = Field(3, ge=1)
     retry_backoff: float = Field(2.0, ge=0, description="seconds before the first retry; doubles each time")
