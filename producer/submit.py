@@ -2,7 +2,8 @@
 
 A page's job is keyed by its content hash and what is asked of it, so submitting the same file
 twice finds the same job: a queued, running or succeeded job is left alone, a failed one is
-queued again (or any one, with ``force``).
+queued again (or any one, with ``force``), and one whose message never reached the broker (the
+broker was down) is published now.
 """
 
 from __future__ import annotations
@@ -107,6 +108,8 @@ def _register(page: PageInput, *, db: Database, store: ObjectStore, spec: TaskSp
     if force or row.status == JobStatus.FAILED.value:
         jobstore.requeue(db, row.id, upload_s=new.upload_s)
         return Submitted(page, jobstore.get_job(db, row.id), "requeued")
+    if row.status == JobStatus.QUEUED.value and row.enqueued_at is None:
+        return Submitted(page, row, "queued")  # registered by a submit whose publish failed: publish now
     return Submitted(page, row, "exists")
 
 

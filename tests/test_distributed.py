@@ -120,3 +120,16 @@ def test_submitting_twice_is_idempotent(stack: Stack, worker_factory, tmp_path: 
     assert rows[first[0]].status == "succeeded"
     assert jobstore.count_results(db, first[0]) == 1
     assert len(stack.keys("results/")) == 1
+
+
+def test_submit_with_the_broker_down_is_published_by_the_next_submit(stack: Stack, worker_factory,
+                                                                     tmp_path: Path) -> None:
+    page = tmp_path / "page.png"
+    page.write_bytes(render_page(sample_lines(11)))
+    down = tmp_path / "broker-down.env"
+    down.write_text(stack.config.read_text().replace(stack.settings.redis.url, "redis://127.0.0.1:9/0"))
+    failed = cli(Stack(down, stack.settings, stack.bucket, stack.root), "submit", str(page), timeout=120)
+    assert failed.returncode == 1 and "broker unreachable" in failed.stderr
+    worker_factory(stack)
+    ids = submit(stack, page)  # same page: the job exists, its message never left; now it does
+    assert wait_terminal(stack, ids)[ids[0]].status == "succeeded"

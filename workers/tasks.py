@@ -12,7 +12,7 @@ import logging
 
 from celery import Celery, Task
 
-from paperlane.errors import JobNotFound
+from paperlane.errors import JobNotFound, StorageUnavailable
 from priority.lanes import TASK_PROCESS_PAGE, Lane
 from priority.policy import LanePolicy
 from storage import jobs as jobstore
@@ -34,6 +34,18 @@ def register_tasks(app: Celery, runtime: Runtime) -> None:
 
 
 def handle_page(rt: Runtime, policy: LanePolicy, task: Task, job_id: str) -> str:
+    try:
+        return _handle_page(rt, policy, task, job_id)
+    except StorageUnavailable as exc:
+        # The database itself is unreachable: nothing about the page can be recorded, so the whole
+        # message is tried again later (processing a page twice is harmless).
+        delay = min(60.0, rt.settings.worker.retry_backoff * 2 ** min(task.request.retries, 5))
+        log.warning("job %s: %s; message retried in %.0fs", job_id, exc, delay)
+        raise task.retry(countdown=delay, queue=task.request.delivery_info.get("routing_key"),
+                         priority=(task.request.delivery_info or {}).get("priority")) from exc
+
+
+def _handle_page(rt: Runtime, policy: LanePolicy, task: Task, job_id: str) -> str:
     try:
         job = jobstore.start_attempt(rt.db, job_id, max_attempts=rt.settings.worker.max_attempts)
     except JobNotFound:
