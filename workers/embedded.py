@@ -28,7 +28,6 @@ from priority.policy import LanePolicy
 from producer.inputs import PageInput
 from producer.submit import Submitted, submit_pages
 from storage import jobs as jobstore
-from storage.objects import annotated_key
 from storage.tables import JobRow
 from workers.attempts import settle
 from workers.pipeline import PageOutcome, Runtime, process_page, result_json
@@ -150,8 +149,7 @@ class _Scheduler:
         if outcome is None:  # finished without an attempt here: report what the row says
             self.emit(name, *_stored(self.rt, jobstore.get_job(self.rt.db, job.id)))
             return
-        png = self.rt.store.get(annotated_key(outcome.job.id)) if outcome.ok else None
-        self.emit(name, outcome.result, png)
+        self.emit(name, outcome.result, outcome.annotated)
 
 
 def _stored(rt: Runtime, job: JobRow) -> tuple[PageResult, bytes | None]:

@@ -83,6 +83,7 @@ class PageOutcome:
     result: PageResult
     error: Exception | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    annotated: bytes | None = None  # the annotated PNG as stored, on success
 
     @property
     def ok(self) -> bool:
@@ -142,7 +143,8 @@ def _finish(rt: Runtime, job: JobRow, image: PreparedImage, output: EngineOutput
     timings[Stage.POSTPROCESS.value] = t1 - t0
     try:
         png_key = annotated_key(job.id)
-        rt.store.put(png_key, annotate(image, result.lines), content_type="image/png")
+        png = annotate(image, result.lines)
+        rt.store.put(png_key, png, content_type="image/png")
         # The JSON's store time covers rendering and the image upload; the row gets the full time.
         timings[Stage.STORE.value] = time.perf_counter() - t1
         result.timings = dict(timings)
@@ -157,7 +159,7 @@ def _finish(rt: Runtime, job: JobRow, image: PreparedImage, output: EngineOutput
     except Exception as exc:  # a bug must fail this page, not the worker; the traceback goes to the log
         log.exception("job %s failed while storing its result", job.id)
         return _failed(job, exc, timings)
-    return PageOutcome(job=job, result=result, timings=timings)
+    return PageOutcome(job=job, result=result, timings=timings, annotated=png)
 
 
 def _engine_name(rt: Runtime) -> str:
