@@ -17,7 +17,11 @@ import psycopg2
 import pytest
 import redis
 
+from paperlane.schemas import JobStatus
 from paperlane.settings import Settings, load_settings
+from storage import jobs as jobstore
+from storage.db import Database
+from storage.tables import JobRow
 from tests import services
 from tests.services import S3_KEY, S3_SECRET, Service
 
@@ -130,6 +134,18 @@ def embedded(tmp_path: Path) -> Stack:
     """The embedded stack (SQLite + local folder) in a temporary folder."""
     config = _write_config(tmp_path / "paperlane.env", {"DATA_DIR": str(tmp_path / "data")})
     return Stack(config, load_settings(config), "", tmp_path)
+
+
+def wait_terminal(db: Database, job_ids: list[str], timeout: float = 180) -> dict[str, JobRow]:
+    """Poll until every job has finished (succeeded or failed); their rows by id."""
+    deadline = time.monotonic() + timeout
+    rows: dict[str, JobRow] = {}
+    while time.monotonic() < deadline:
+        rows = {r.id: r for r in jobstore.get_jobs(db, job_ids)}
+        if len(rows) == len(set(job_ids)) and all(JobStatus(r.status).terminal for r in rows.values()):
+            return rows
+        time.sleep(0.3)
+    raise AssertionError(f"jobs not finished in {timeout}s: {[(r.id, r.status) for r in rows.values()]}")
 
 
 def cli(stack: Stack, *args: str, timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import cv2
@@ -12,25 +11,21 @@ import pytest
 
 from storage import jobs as jobstore
 from storage.db import Database
+from storage.tables import JobRow
 from tests.conftest import Stack, cli
+from tests.conftest import wait_terminal as wait_for_jobs
 from tests.metrics import cer
 from tests.pages import BAD_INPUTS, render_page, sample_lines, truncated_jpeg
 
 pytestmark = pytest.mark.slow
 
 
-def wait_terminal(stack: Stack, job_ids: list[str], timeout: float = 180) -> dict[str, object]:
+def wait_terminal(stack: Stack, job_ids: list[str], timeout: float = 180) -> dict[str, JobRow]:
     db = Database(stack.settings.database_url)
-    deadline = time.monotonic() + timeout
     try:
-        while time.monotonic() < deadline:
-            rows = {r.id: r for r in jobstore.get_jobs(db, job_ids)}
-            if len(rows) == len(set(job_ids)) and all(r.status in ("succeeded", "failed") for r in rows.values()):
-                return rows
-            time.sleep(0.3)
+        return wait_for_jobs(db, job_ids, timeout)
     finally:
         db.dispose()
-    raise AssertionError(f"jobs not finished in {timeout}s: {[(r.id, r.status) for r in rows.values()]}")
 
 
 def submit(stack: Stack, *paths: Path, lane: str = "batch") -> list[str]:

@@ -22,7 +22,7 @@ from storage.db import Database
 from storage.objects import open_store
 from storage.tables import JobRow, ResultRow
 from tests import services
-from tests.conftest import Stack, WorkerProcess
+from tests.conftest import Stack, WorkerProcess, wait_terminal
 from tests.pages import tiny_page
 
 pytestmark = pytest.mark.slow
@@ -47,13 +47,7 @@ class Producer:
         return {r.id: r for r in jobstore.get_jobs(self.db, ids)}
 
     def wait(self, ids: list[str], timeout: float = 240) -> dict[str, JobRow]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            rows = self.rows(ids)
-            if all(r.status in ("succeeded", "failed") for r in rows.values()) and len(rows) == len(ids):
-                return rows
-            time.sleep(0.3)
-        raise AssertionError(f"not finished: {sum(r.status not in ('succeeded', 'failed') for r in rows.values())}")
+        return wait_terminal(self.db, ids, timeout)
 
 
 def test_interactive_overtakes_a_queued_backlog(stack_factory: Callable[..., Stack], worker_factory) -> None:
