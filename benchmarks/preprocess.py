@@ -18,10 +18,9 @@ import time
 import cv2
 import numpy as np
 from common import HUNYUAN_SPEC, a4_scan
-
-from models.engine import InputSpec
-from models.rapid import RapidEngine
-from workers.preprocess import prepare, target_size
+from paperlane.models.engine import InputSpec
+from paperlane.models.rapid import RapidEngine
+from paperlane.workers.preprocess import prepare, target_size
 
 
 def naive(data: bytes, spec: InputSpec) -> object:

@@ -19,18 +19,18 @@ import time
 from pathlib import Path
 
 from common import small_page, start_services, start_sim_worker, stop, with_comment, write_config
+from paperlane.priority.broker import make_celery
+from paperlane.priority.lanes import Lane
+from paperlane.producer.inputs import PageInput
+from paperlane.producer.submit import CeleryPublisher, submit_pages
+from paperlane.storage import jobs as jobstore
+from paperlane.storage.db import Database
+from paperlane.storage.objects import open_store
+from paperlane.storage.tables import JobRow
 from sqlalchemy import func, select
 
-from paperlane.broker import make_celery
 from paperlane.schemas import TaskSpec
 from paperlane.settings import load_settings
-from priority.lanes import Lane
-from producer.inputs import PageInput
-from producer.submit import CeleryPublisher, submit_pages
-from storage import jobs as jobstore
-from storage.db import Database
-from storage.objects import open_store
-from storage.tables import JobRow
 
 
 class Submitter:

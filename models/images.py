@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import io
 
+from paperlane.models.engine import PreparedImage
 from PIL import Image
 
-from models.engine import PreparedImage
 from paperlane.errors import EngineError
 
 

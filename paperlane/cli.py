@@ -13,13 +13,13 @@ from rich.console import Console
 from rich.table import Table
 
 from paperlane.errors import PaperlaneError, UsageError
+from paperlane.priority.lanes import Lane
 from paperlane.schemas import JobStatus, PageResult, Task, TaskSpec
 from paperlane.settings import EngineKind, EngineSettings, Settings, load_settings
-from priority.lanes import Lane
 
 if TYPE_CHECKING:
-    from storage.objects import ObjectStore
-    from storage.tables import JobRow
+    from paperlane.storage.objects import ObjectStore
+    from paperlane.storage.tables import JobRow
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="paperlane: scanned documents to structured text, from one page to millions.")
@@ -104,9 +104,9 @@ def run(
     engine: EngineOpt = None, engine_url: EngineUrlOpt = None, model: ModelOpt = None, profile: ProfileOpt = None,
 ) -> None:
     """Process pages in this process (no Redis needed) and write one JSON and one PNG per page."""
-    from producer.inputs import expand
-    from workers.embedded import run_embedded
-    from workers.pipeline import Runtime
+    from paperlane.producer.inputs import expand
+    from paperlane.workers.embedded import run_embedded
+    from paperlane.workers.pipeline import Runtime
 
     settings = _settings(engine, engine_url, model, profile)
     spec = _spec(task, field, to)
@@ -156,11 +156,11 @@ def submit(
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object per page instead of bare ids")] = False,
 ) -> None:
     """Upload pages, register one job per page, queue them; print one job id per line."""
-    from paperlane.broker import make_celery
-    from producer.inputs import expand
-    from producer.submit import CeleryPublisher, submit_pages
-    from storage.db import Database
-    from storage.objects import open_store
+    from paperlane.priority.broker import make_celery
+    from paperlane.producer.inputs import expand
+    from paperlane.producer.submit import CeleryPublisher, submit_pages
+    from paperlane.storage.db import Database
+    from paperlane.storage.objects import open_store
 
     settings = _settings()
     spec = _spec(task, field, to)
@@ -186,9 +186,9 @@ def worker(
     hostname: Annotated[str | None, typer.Option("--hostname", "-n")] = None,
 ) -> None:
     """Run a Celery worker that keeps one OCR engine resident and processes queued pages."""
-    from paperlane.broker import make_celery
-    from workers.pipeline import Runtime
-    from workers.tasks import register_tasks
+    from paperlane.priority.broker import make_celery
+    from paperlane.workers.pipeline import Runtime
+    from paperlane.workers.tasks import register_tasks
 
     settings = _settings(engine, engine_url, model, profile)
     _configure_logging(min(_state.log_level, logging.INFO))  # a worker's log is its output
@@ -213,9 +213,9 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Show jobs' status, attempts, error, stage timings and where their results are."""
-    from storage import jobs as jobstore
-    from storage.db import Database
-    from storage.objects import open_store
+    from paperlane.storage import jobs as jobstore
+    from paperlane.storage.db import Database
+    from paperlane.storage.objects import open_store
 
     settings = _settings()
     db = Database(settings.database_url)
@@ -232,7 +232,7 @@ def status(
 
 
 def _job_view(row: JobRow | None, job_id: str, store: ObjectStore) -> dict[str, Any]:
-    from storage.jobs import job_timings
+    from paperlane.storage.jobs import job_timings
 
     if row is None:
         return {"job_id": job_id, "status": None, "error": "no such job"}
@@ -271,9 +271,9 @@ def report(
     """Where the time goes: per-stage p50, p95 and share over recently finished pages."""
     from sqlalchemy import select
 
-    from storage.db import Database
-    from storage.jobs import job_timings
-    from storage.tables import JobRow
+    from paperlane.storage.db import Database
+    from paperlane.storage.jobs import job_timings
+    from paperlane.storage.tables import JobRow
 
     settings = _settings()
     db = Database(settings.database_url)
@@ -288,7 +288,7 @@ def report(
 @db_app.command("upgrade")
 def db_upgrade() -> None:
     """Create or migrate the database schema to the newest version."""
-    from storage.db import Database
+    from paperlane.storage.db import Database
 
     settings = _settings()
     Database(settings.database_url).upgrade()

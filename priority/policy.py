@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import threading
 
-from priority.lanes import Lane
+from paperlane.priority.lanes import Lane
 
 
 class LanePolicy:

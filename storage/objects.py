@@ -49,9 +49,9 @@ def annotated_key(job_id: str) -> str:
 def open_store(settings: Settings) -> ObjectStore:
     """The object store the settings name."""
     if settings.storage.backend is StorageBackend.S3:
-        from storage.s3 import S3Store
+        from paperlane.storage.s3 import S3Store
 
         return S3Store.from_settings(settings.storage)
-    from storage.localfs import LocalStore
+    from paperlane.storage.localfs import LocalStore
 
     return LocalStore(settings.storage_root)

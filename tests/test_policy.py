@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from priority.lanes import Lane, broker_keys, message_priority
-from priority.policy import LanePolicy
+from paperlane.priority.lanes import Lane, broker_keys, message_priority
+from paperlane.priority.policy import LanePolicy
 
 
 def test_interactive_first_but_batch_gets_its_share() -> None:

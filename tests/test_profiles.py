@@ -7,9 +7,8 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from models.engine import EngineOutput, InputSpec
-from models.profiles import (
+from paperlane.models.engine import EngineOutput, InputSpec
+from paperlane.models.profiles import (
     DEFAULT_PROFILE,
     PROFILES,
     Profile,
@@ -21,6 +20,7 @@ from models.profiles import (
     parse_spotting,
     strip_fence,
 )
+
 from paperlane.errors import EngineOutputError, UsageError
 from paperlane.schemas import Task, TaskSpec
 

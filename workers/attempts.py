@@ -11,11 +11,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from paperlane.storage import jobs as jobstore
+from paperlane.storage.db import Database
+from paperlane.workers.pipeline import PageOutcome
+
 from paperlane.errors import PaperlaneError, is_retryable, public_reason
 from paperlane.settings import WorkerSettings
-from storage import jobs as jobstore
-from storage.db import Database
-from workers.pipeline import PageOutcome
 
 log = logging.getLogger(__name__)
 

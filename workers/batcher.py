@@ -24,7 +24,8 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from models.engine import Engine, EngineRequest, Outcome
+from paperlane.models.engine import Engine, EngineRequest, Outcome
+
 from paperlane.errors import EngineError, PaperlaneError
 
 log = logging.getLogger(__name__)

@@ -15,11 +15,12 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPool
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
-from models.engine import InputSpec, PreparedImage
+from paperlane.models.engine import InputSpec, PreparedImage
+from paperlane.storage.objects import ObjectStore, open_store
+from paperlane.workers.preprocess import Limits, prepare
+
 from paperlane.errors import PaperlaneError
 from paperlane.settings import Settings
-from storage.objects import ObjectStore, open_store
-from workers.preprocess import Limits, prepare
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,8 @@ from typing import Any
 
 import redis
 from celery import Celery, bootsteps
-
-from priority.lanes import Lane, broker_keys
-from priority.policy import LanePolicy
+from paperlane.priority.lanes import Lane, broker_keys
+from paperlane.priority.policy import LanePolicy
 
 log = logging.getLogger(__name__)
 

@@ -16,20 +16,21 @@ from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
-from models.engine import Engine, EngineOutput, EngineRequest, PreparedImage
-from models.factory import build_engine
+from paperlane.models.engine import Engine, EngineOutput, EngineRequest, PreparedImage
+from paperlane.models.factory import build_engine
+from paperlane.priority.lanes import LEVELS_PER_LANE, Lane
+from paperlane.storage import jobs as jobstore
+from paperlane.storage.db import Database
+from paperlane.storage.objects import ObjectStore, annotated_key, open_store, result_key
+from paperlane.storage.tables import JobRow
+from paperlane.workers.batcher import MicroBatcher
+from paperlane.workers.cpu_pool import CpuPool, Prepared
+from paperlane.workers.postprocess import build_result
+from paperlane.workers.render import annotate
+
 from paperlane.errors import InputError, PaperlaneError, public_reason
 from paperlane.schemas import JobStatus, PageResult, Stage, Task, TaskSpec
 from paperlane.settings import Settings
-from priority.lanes import LEVELS_PER_LANE, Lane
-from storage import jobs as jobstore
-from storage.db import Database
-from storage.objects import ObjectStore, annotated_key, open_store, result_key
-from storage.tables import JobRow
-from workers.batcher import MicroBatcher
-from workers.cpu_pool import CpuPool, Prepared
-from workers.postprocess import build_result
-from workers.render import annotate
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from models.engine import EngineOutput, PreparedImage
+from paperlane.models.engine import EngineOutput, PreparedImage
+
 from paperlane.schemas import EngineInfo, JobStatus, Line, PageResult, TaskSpec
 
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import cv2
 import numpy as np
+from paperlane.models.engine import InputSpec, PreparedImage
 from PIL import Image, UnidentifiedImageError
 
-from models.engine import InputSpec, PreparedImage
 from paperlane.errors import InputError
 
 _STAGE = "preprocess"

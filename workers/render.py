@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import cv2
 import numpy as np
+from paperlane.models.engine import PreparedImage
 
-from models.engine import PreparedImage
 from paperlane.errors import InputError
 from paperlane.schemas import Line
 

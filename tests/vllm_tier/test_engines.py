@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 from conftest import MAX_TOKENS, SERVED_NAME, VllmServer
+from paperlane.models.engine import EngineOutput, EngineRequest
+from paperlane.models.factory import build_engine
+from paperlane.workers.preprocess import prepare
 
-from models.engine import EngineOutput, EngineRequest
-from models.factory import build_engine
 from paperlane.errors import EngineError, EngineOutputError, EngineUnavailable, UsageError
 from paperlane.schemas import Task, TaskSpec
 from paperlane.settings import EngineSettings
 from tests.pages import render_page, sample_lines
-from workers.preprocess import prepare
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
