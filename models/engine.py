@@ -87,6 +87,10 @@ class PreparedImage:
 class EngineRequest:
     image: PreparedImage
     spec: TaskSpec = field(default_factory=TaskSpec)
+    # The page's message priority (0 first): engines that queue requests (vLLM with
+    # ``--scheduling-policy priority``) serve lower numbers first, so an interactive page
+    # overtakes the batch backlog inside the engine too.
+    priority: int = 0
 
 
 @dataclass

@@ -107,7 +107,8 @@ def process_page(rt: Runtime, job: JobRow) -> PageOutcome:
         return _failed(job, prep.error or PaperlaneError("preprocessing failed"), timings)
     ready = time.perf_counter()
     try:
-        pending = rt.batcher.submit(EngineRequest(image=prep.image, spec=task_spec(job)), priority=job.priority)
+        pending = rt.batcher.submit(EngineRequest(image=prep.image, spec=task_spec(job), priority=job.priority),
+                                   priority=job.priority)
     except PaperlaneError as exc:  # the worker is shutting down: the page is retried elsewhere
         return _failed(job, exc, timings)
     outcome, batch_s = pending.result()
