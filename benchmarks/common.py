@@ -26,10 +26,10 @@ sys.path.insert(0, str(REPO))
 import cv2  # noqa: E402
 import numpy as np  # noqa: E402
 import psycopg2  # noqa: E402
-from paperlane.models.engine import Capacity, EngineOutput, EngineRequest, InputSpec, Outcome  # noqa: E402
-from paperlane.models.profiles import get_profile  # noqa: E402
 from PIL import Image, ImageDraw, ImageFont  # noqa: E402
 
+from paperlane.models.engine import Capacity, EngineOutput, EngineRequest, InputSpec, Outcome  # noqa: E402
+from paperlane.models.profiles import get_profile  # noqa: E402
 from paperlane.schemas import EngineInfo, Line  # noqa: E402
 from tests import services  # noqa: E402
 from tests.pages import WORDS  # noqa: E402
@@ -166,10 +166,9 @@ def _worker_main(config: str, engine_json: str) -> None:
     import logging
 
     from paperlane.priority.broker import make_celery
+    from paperlane.settings import load_settings
     from paperlane.workers.pipeline import Runtime
     from paperlane.workers.tasks import register_tasks
-
-    from paperlane.settings import load_settings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     for noisy in ("celery.worker.strategy", "celery.app.trace", "botocore", "kombu",

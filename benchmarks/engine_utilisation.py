@@ -18,17 +18,17 @@ import time
 from pathlib import Path
 
 from common import a4_scan, start_services, start_sim_worker, stop, with_comment, write_config
+from sqlalchemy import func, select
+
 from paperlane.priority.broker import make_celery
 from paperlane.priority.lanes import Lane
 from paperlane.producer.inputs import PageInput
 from paperlane.producer.submit import CeleryPublisher, submit_pages
+from paperlane.schemas import TaskSpec
+from paperlane.settings import load_settings
 from paperlane.storage.db import Database
 from paperlane.storage.objects import open_store
 from paperlane.storage.tables import JobRow
-from sqlalchemy import func, select
-
-from paperlane.schemas import TaskSpec
-from paperlane.settings import load_settings
 
 
 def main() -> int:

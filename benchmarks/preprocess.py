@@ -18,6 +18,7 @@ import time
 import cv2
 import numpy as np
 from common import HUNYUAN_SPEC, a4_scan
+
 from paperlane.models.engine import InputSpec
 from paperlane.models.rapid import RapidEngine
 from paperlane.workers.preprocess import prepare, target_size

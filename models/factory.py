@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from paperlane.models.engine import Engine
-
 from paperlane.settings import EngineKind, EngineSettings
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import io
 
-from paperlane.models.engine import PreparedImage
 from PIL import Image
 
 from paperlane.errors import EngineError
+from paperlane.models.engine import PreparedImage
 
 
 def to_pil(image: PreparedImage) -> Image.Image:

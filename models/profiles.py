@@ -25,9 +25,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from paperlane.models.engine import EngineOutput, InputSpec
-
 from paperlane.errors import EngineOutputError, UsageError
+from paperlane.models.engine import EngineOutput, InputSpec
 from paperlane.schemas import Line, Point, Stage, Task, TaskSpec
 
 DEFAULT_PROFILE = "hunyuanocr-1.0"

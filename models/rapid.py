@@ -16,9 +16,9 @@ from typing import Any
 
 import cv2
 import numpy as np
-from paperlane.models.engine import Capacity, EngineOutput, EngineRequest, InputSpec, Outcome
 
 from paperlane.errors import EngineError, InputError, UsageError
+from paperlane.models.engine import Capacity, EngineOutput, EngineRequest, InputSpec, Outcome
 from paperlane.schemas import EngineInfo, Line, Task
 
 log = logging.getLogger(__name__)

@@ -14,11 +14,10 @@ from collections.abc import Sequence
 from importlib.metadata import version
 from typing import Any
 
+from paperlane.errors import EngineError, PaperlaneError, UsageError
 from paperlane.models.engine import Capacity, EngineRequest, Outcome
 from paperlane.models.images import to_pil
 from paperlane.models.vlm import VlmEngineBase
-
-from paperlane.errors import EngineError, PaperlaneError, UsageError
 from paperlane.schemas import EngineInfo
 from paperlane.settings import EngineSettings
 

@@ -17,12 +17,11 @@ from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from paperlane.errors import EngineError, EngineUnavailable, PaperlaneError, UsageError
 from paperlane.models.aio import LoopThread
 from paperlane.models.engine import EngineRequest, Outcome
 from paperlane.models.images import to_pil
 from paperlane.models.vlm import VlmEngineBase
-
-from paperlane.errors import EngineError, EngineUnavailable, PaperlaneError, UsageError
 from paperlane.schemas import EngineInfo
 from paperlane.settings import EngineSettings
 

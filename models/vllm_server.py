@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import httpx
+
+from paperlane.errors import EngineError, EngineUnavailable, PaperlaneError, UsageError
 from paperlane.models.aio import LoopThread
 from paperlane.models.engine import EngineRequest, Outcome
 from paperlane.models.vlm import VlmEngineBase
-
-from paperlane.errors import EngineError, EngineUnavailable, PaperlaneError, UsageError
 from paperlane.schemas import EngineInfo
 from paperlane.settings import EngineSettings
 

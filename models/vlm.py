@@ -7,10 +7,9 @@ becomes an ``EngineOutput`` come from the model profile, once, here.
 
 from __future__ import annotations
 
+from paperlane.errors import PaperlaneError
 from paperlane.models.engine import Capacity, EngineOutput, EngineRequest, InputSpec, Outcome
 from paperlane.models.profiles import Profile, get_profile
-
-from paperlane.errors import PaperlaneError
 from paperlane.schemas import Usage
 from paperlane.settings import EngineSettings
 

@@ -9,8 +9,8 @@ redelivered.
 from __future__ import annotations
 
 from celery import Celery
-from paperlane.priority.lanes import BROKER_PRIORITY_SEP, PRIORITY_STEPS, TASK_PROCESS_PAGE, Lane
 
+from paperlane.priority.lanes import BROKER_PRIORITY_SEP, PRIORITY_STEPS, TASK_PROCESS_PAGE, Lane
 from paperlane.settings import Settings
 
 

@@ -16,15 +16,14 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from paperlane.errors import public_reason
 from paperlane.priority.lanes import Lane, message_priority
 from paperlane.producer.inputs import PageInput
+from paperlane.schemas import JobStatus, Stage, TaskSpec
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
 from paperlane.storage.objects import ObjectStore, original_key
 from paperlane.storage.tables import JobRow
-
-from paperlane.errors import public_reason
-from paperlane.schemas import JobStatus, Stage, TaskSpec
 
 log = logging.getLogger(__name__)
 
@@ -122,9 +121,9 @@ class CeleryPublisher:
 
     def publish(self, jobs: list[JobRow]) -> None:
         from kombu.exceptions import OperationalError
-        from paperlane.priority.lanes import TASK_PROCESS_PAGE
 
         from paperlane.errors import StorageUnavailable
+        from paperlane.priority.lanes import TASK_PROCESS_PAGE
 
         try:
             with self._app.producer_or_acquire() as producer:  # type: ignore[attr-defined]

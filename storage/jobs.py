@@ -9,13 +9,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from paperlane.storage.db import Database, as_utc, utcnow
-from paperlane.storage.tables import JobRow, ResultRow
 from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 
 from paperlane.errors import JobNotFound
 from paperlane.schemas import JobStatus, PageResult, Stage
+from paperlane.storage.db import Database, as_utc, utcnow
+from paperlane.storage.tables import JobRow, ResultRow
 
 STAGE_COLUMNS: dict[Stage, str] = {stage: f"{stage.value}_s" for stage in Stage}
 

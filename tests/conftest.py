@@ -16,12 +16,12 @@ import boto3
 import psycopg2
 import pytest
 import redis
-from paperlane.storage import jobs as jobstore
-from paperlane.storage.db import Database
-from paperlane.storage.tables import JobRow
 
 from paperlane.schemas import JobStatus
 from paperlane.settings import Settings, load_settings
+from paperlane.storage import jobs as jobstore
+from paperlane.storage.db import Database
+from paperlane.storage.tables import JobRow
 from tests import services
 from tests.services import S3_KEY, S3_SECRET, Service
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
 from paperlane.storage.tables import JobRow
-
 from tests.conftest import Stack, cli
 from tests.conftest import wait_terminal as wait_for_jobs
 from tests.metrics import cer

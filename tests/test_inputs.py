@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pypdfium2 as pdfium
 import pytest
-from paperlane.producer.inputs import expand
 from PIL import Image
 
 from paperlane.errors import UsageError
+from paperlane.producer.inputs import expand
 from tests.pages import render_page, sample_lines
 
 

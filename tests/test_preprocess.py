@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from paperlane.models.engine import InputSpec
-from paperlane.workers.preprocess import Limits, prepare, target_size
 from PIL import Image
 
 from paperlane.errors import InputError
+from paperlane.models.engine import InputSpec
+from paperlane.workers.preprocess import Limits, prepare, target_size
 from tests.pages import BAD_INPUTS, huge_declared_png, render_page, sample_lines, truncated_jpeg
 
 

@@ -7,6 +7,8 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from paperlane.errors import EngineOutputError, UsageError
 from paperlane.models.engine import EngineOutput, InputSpec
 from paperlane.models.profiles import (
     DEFAULT_PROFILE,
@@ -20,8 +22,6 @@ from paperlane.models.profiles import (
     parse_spotting,
     strip_fence,
 )
-
-from paperlane.errors import EngineOutputError, UsageError
 from paperlane.schemas import Task, TaskSpec
 
 SPOT = TaskSpec(task=Task.SPOTTING)

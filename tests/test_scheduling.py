@@ -10,17 +10,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from sqlalchemy import func, select
+
 from paperlane.priority.broker import make_celery
 from paperlane.priority.lanes import Lane
 from paperlane.producer.inputs import PageInput
 from paperlane.producer.submit import CeleryPublisher, submit_pages
+from paperlane.schemas import TaskSpec
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
 from paperlane.storage.objects import open_store
 from paperlane.storage.tables import JobRow, ResultRow
-from sqlalchemy import func, select
-
-from paperlane.schemas import TaskSpec
 from tests import services
 from tests.conftest import Stack, WorkerProcess, wait_terminal
 from tests.pages import tiny_page

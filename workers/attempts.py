@@ -11,12 +11,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from paperlane.errors import PaperlaneError, is_retryable, public_reason
+from paperlane.settings import WorkerSettings
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
 from paperlane.workers.pipeline import PageOutcome
-
-from paperlane.errors import PaperlaneError, is_retryable, public_reason
-from paperlane.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,8 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from paperlane.models.engine import Engine, EngineRequest, Outcome
-
 from paperlane.errors import EngineError, PaperlaneError
+from paperlane.models.engine import Engine, EngineRequest, Outcome
 
 log = logging.getLogger(__name__)
 

@@ -15,12 +15,11 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPool
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
+from paperlane.errors import PaperlaneError
 from paperlane.models.engine import InputSpec, PreparedImage
+from paperlane.settings import Settings
 from paperlane.storage.objects import ObjectStore, open_store
 from paperlane.workers.preprocess import Limits, prepare
-
-from paperlane.errors import PaperlaneError
-from paperlane.settings import Settings
 
 log = logging.getLogger(__name__)
 

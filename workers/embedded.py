@@ -21,17 +21,16 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+from paperlane.errors import PaperlaneError
 from paperlane.priority.lanes import Lane
 from paperlane.priority.policy import LanePolicy
 from paperlane.producer.inputs import PageInput
 from paperlane.producer.submit import Submitted, submit_pages
+from paperlane.schemas import JobStatus, PageResult, Task, TaskSpec
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.tables import JobRow
 from paperlane.workers.attempts import settle
 from paperlane.workers.pipeline import PageOutcome, Runtime, process_page, result_json
-
-from paperlane.errors import PaperlaneError
-from paperlane.schemas import JobStatus, PageResult, Task, TaskSpec
 
 log = logging.getLogger(__name__)
 

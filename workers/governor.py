@@ -15,6 +15,7 @@ from typing import Any
 
 import redis
 from celery import Celery, bootsteps
+
 from paperlane.priority.lanes import Lane, broker_keys
 from paperlane.priority.policy import LanePolicy
 

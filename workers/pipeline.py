@@ -16,9 +16,12 @@ from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
+from paperlane.errors import InputError, PaperlaneError, public_reason
 from paperlane.models.engine import Engine, EngineOutput, EngineRequest, PreparedImage
 from paperlane.models.factory import build_engine
 from paperlane.priority.lanes import LEVELS_PER_LANE, Lane
+from paperlane.schemas import JobStatus, PageResult, Stage, Task, TaskSpec
+from paperlane.settings import Settings
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
 from paperlane.storage.objects import ObjectStore, annotated_key, open_store, result_key
@@ -27,10 +30,6 @@ from paperlane.workers.batcher import MicroBatcher
 from paperlane.workers.cpu_pool import CpuPool, Prepared
 from paperlane.workers.postprocess import build_result
 from paperlane.workers.render import annotate
-
-from paperlane.errors import InputError, PaperlaneError, public_reason
-from paperlane.schemas import JobStatus, PageResult, Stage, Task, TaskSpec
-from paperlane.settings import Settings
 
 log = logging.getLogger(__name__)
 

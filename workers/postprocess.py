@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from paperlane.models.engine import EngineOutput, PreparedImage
-
 from paperlane.schemas import EngineInfo, JobStatus, Line, PageResult, TaskSpec
 
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import cv2
 import numpy as np
-from paperlane.models.engine import InputSpec, PreparedImage
 from PIL import Image, UnidentifiedImageError
 
 from paperlane.errors import InputError
+from paperlane.models.engine import InputSpec, PreparedImage
 
 _STAGE = "preprocess"
 _FORMATS = {"JPEG", "PNG", "TIFF", "BMP", "WEBP", "GIF", "JPEG2000", "PPM"}

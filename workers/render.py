@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import cv2
 import numpy as np
-from paperlane.models.engine import PreparedImage
 
 from paperlane.errors import InputError
+from paperlane.models.engine import PreparedImage
 from paperlane.schemas import Line
 
 _GREEN = (40, 170, 40)

@@ -11,14 +11,14 @@ from __future__ import annotations
 import logging
 
 from celery import Celery, Task
+
+from paperlane.errors import JobNotFound, StorageUnavailable
 from paperlane.priority.lanes import TASK_PROCESS_PAGE, Lane
 from paperlane.priority.policy import LanePolicy
 from paperlane.storage import jobs as jobstore
 from paperlane.workers.attempts import settle
 from paperlane.workers.governor import install_governor
 from paperlane.workers.pipeline import Runtime, process_page
-
-from paperlane.errors import JobNotFound, StorageUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from alembic import context
-from paperlane.storage.tables import Base
 from sqlalchemy import text
+
+from paperlane.storage.tables import Base
 
 # Any fixed number: serialises concurrent upgrades (several workers starting at once) on PostgreSQL.
 _MIGRATION_LOCK = 0x7061706572

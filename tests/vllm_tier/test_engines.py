@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 from conftest import MAX_TOKENS, SERVED_NAME, VllmServer
-from paperlane.models.engine import EngineOutput, EngineRequest
-from paperlane.models.factory import build_engine
-from paperlane.workers.preprocess import prepare
 
 from paperlane.errors import EngineError, EngineOutputError, EngineUnavailable, UsageError
+from paperlane.models.engine import EngineOutput, EngineRequest
+from paperlane.models.factory import build_engine
 from paperlane.schemas import Task, TaskSpec
 from paperlane.settings import EngineSettings
+from paperlane.workers.preprocess import prepare
 from tests.pages import render_page, sample_lines
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
