@@ -61,8 +61,7 @@ def _main(
 def _configure_logging(level: int) -> None:
     logging.basicConfig(level=level, stream=sys.stderr, force=True,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("botocore", "boto3", "urllib3", "RapidOCR", "alembic", "httpx", "kombu", "celery.redirected",
-                  "celery.worker.consumer.consumer"):  # the lane governor pauses queues many times a second
+    for noisy in ("botocore", "boto3", "urllib3", "RapidOCR", "alembic", "httpx", "kombu", "celery.redirected"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
 
 
@@ -195,7 +194,7 @@ def worker(
     lanes = [Lane(q.strip()) for q in queues.split(",")] if queues else list(Lane)
     rt = Runtime.start(settings)
     app_ = make_celery(settings)
-    register_tasks(app_, rt)
+    parts = register_tasks(app_, rt, lanes=lanes)
     argv = ["worker", "--pool=threads", f"--concurrency={rt.slots}", "--without-gossip",
             "--without-mingle",
             f"--queues={','.join(lane.queue for lane in lanes)}", f"--loglevel={settings.log_level}"]
@@ -204,6 +203,7 @@ def worker(
     try:
         app_.worker_main(argv)
     finally:
+        parts.close()
         rt.close()
 
 

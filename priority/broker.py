@@ -8,6 +8,8 @@ redelivered.
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import Celery
 
 from paperlane.priority.lanes import BROKER_PRIORITY_SEP, PRIORITY_STEPS, TASK_PROCESS_PAGE, Lane
@@ -44,3 +46,11 @@ def make_celery(settings: Settings) -> Celery:
     return app
 
 
+
+
+def send_page(app: Celery, job_id: str, lane: Lane, priority: int, *, producer: Any = None) -> None:
+    """Publish one page's message on its lane's queue at its message priority (0 first).
+
+    Raises kombu's OperationalError when the broker is unreachable (callers map it).
+    """
+    app.send_task(TASK_PROCESS_PAGE, args=[job_id], queue=lane.queue, priority=priority, producer=producer)

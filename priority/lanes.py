@@ -37,6 +37,13 @@ ALL_QUEUES: tuple[str, ...] = tuple(lane.queue for lane in Lane)
 # kombu's Redis transport keeps one list per (queue, priority): "queue" for 0, "queue:N" otherwise.
 BROKER_PRIORITY_SEP = ":"
 
+# Pages whose retry is due later: a sorted set scored by the time they are due, a sorted set of those
+# being put back on their lane right now (scored by when that began), and a channel that tells every
+# worker a new one was added (see priority/delayed.py).
+DELAYED_KEY = "paperlane.delayed"
+RELEASING_KEY = "paperlane.delayed.releasing"
+DELAYED_CHANNEL = "paperlane.delayed"
+
 
 def broker_keys(lane: Lane) -> list[str]:
     """The Redis lists that hold ``lane``'s waiting messages."""

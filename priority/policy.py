@@ -4,17 +4,20 @@
   are waiting, at most ``burst`` interactive pages start in a row before one batch page must
   start: batch keeps a guaranteed share of ``batch_share`` of the starts under any interactive
   load, and an interactive page waits for at most one batch page ahead of it.
-- Batch pages may hold at most ``batch_limit`` of a worker's page slots: the rest stay free for
+- Batch pages may hold at most ``batch_limit`` of a runner's page slots: the rest stay free for
   interactive pages, which then start at once instead of waiting for a busy slot to free.
 
-The same policy object drives the embedded runner (which picks each next page itself) and the
-Celery worker's lane governor (which pauses a lane's queue while it must not start pages).
+The rules live here only. ``priority.scheduler.LaneScheduler`` applies them, on every start and
+finish, to whatever holds the waiting pages: the embedded runner's in-memory lanes, or the Celery
+worker's consumer of the Redis lanes. The micro-batcher applies the same share when it fills a batch
+from the pages in progress (``pick``), so batch pages that started also reach the engine.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 
 from paperlane.priority.lanes import Lane
 
@@ -29,18 +32,23 @@ class LanePolicy:
         self._running = {lane: 0 for lane in Lane}
         self._lock = threading.Lock()
 
-    def blocked(self, *, batch_waiting: bool) -> set[Lane]:
-        """The lanes that must not start a page now."""
+    def blocked(self, batch_waiting: Callable[[], bool]) -> frozenset[Lane]:
+        """The lanes that must not start a page now.
+
+        ``batch_waiting`` is asked only when the answer depends on it (after ``burst`` interactive
+        starts in a row), so a runner whose check costs a round trip pays it per burst, not per call.
+        """
         with self._lock:
             if self.batch_limit is not None and self._running[Lane.BATCH] >= self.batch_limit:
-                return {Lane.BATCH}
-            if batch_waiting and self._since_batch >= self.burst:
-                return {Lane.INTERACTIVE}
-            return set()
+                return frozenset({Lane.BATCH})
+            owed = self._since_batch >= self.burst
+        if owed and batch_waiting():
+            return frozenset({Lane.INTERACTIVE})
+        return frozenset()
 
     def pick(self, *, interactive_waiting: bool, batch_waiting: bool) -> Lane | None:
-        """The lane whose page starts next, or None when nothing may start."""
-        blocked = self.blocked(batch_waiting=batch_waiting)
+        """The lane whose page goes next when both may be waiting (None: neither may start now)."""
+        blocked = self.blocked(lambda: batch_waiting)
         if interactive_waiting and Lane.INTERACTIVE not in blocked:
             return Lane.INTERACTIVE
         if batch_waiting and Lane.BATCH not in blocked:
@@ -57,3 +65,7 @@ class LanePolicy:
         """Record that a page of ``lane`` is done (its slot is free again)."""
         with self._lock:
             self._running[lane] = max(0, self._running[lane] - 1)
+
+    def running(self, lane: Lane) -> int:
+        with self._lock:
+            return self._running[lane]

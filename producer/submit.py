@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from paperlane.errors import public_reason
 from paperlane.priority.lanes import Lane, message_priority
@@ -24,6 +24,9 @@ from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
 from paperlane.storage.objects import ObjectStore, original_key
 from paperlane.storage.tables import JobRow
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 log = logging.getLogger(__name__)
 
@@ -116,19 +119,18 @@ def _register(page: PageInput, *, db: Database, store: ObjectStore, spec: TaskSp
 class CeleryPublisher:
     """Publishes jobs to the lane's queue with the lane's message priority."""
 
-    def __init__(self, app: object) -> None:
+    def __init__(self, app: Celery) -> None:
         self._app = app
 
     def publish(self, jobs: list[JobRow]) -> None:
         from kombu.exceptions import OperationalError
 
         from paperlane.errors import StorageUnavailable
-        from paperlane.priority.lanes import TASK_PROCESS_PAGE
+        from paperlane.priority.broker import send_page
 
         try:
-            with self._app.producer_or_acquire() as producer:  # type: ignore[attr-defined]
+            with self._app.producer_or_acquire() as producer:
                 for job in jobs:
-                    self._app.send_task(TASK_PROCESS_PAGE, args=[job.id],  # type: ignore[attr-defined]
-                                        queue=Lane(job.lane).queue, priority=job.priority, producer=producer)
+                    send_page(self._app, job.id, Lane(job.lane), job.priority, producer=producer)
         except OperationalError as exc:
             raise StorageUnavailable(f"broker unreachable: {exc}", stage=Stage.UPLOAD.value) from exc

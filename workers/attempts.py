@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from enum import Enum
 
 from paperlane.errors import PaperlaneError, is_retryable, public_reason
 from paperlane.settings import WorkerSettings
@@ -20,9 +21,15 @@ from paperlane.workers.pipeline import PageOutcome
 log = logging.getLogger(__name__)
 
 
+class Action(str, Enum):
+    DONE = "done"  # succeeded and stored
+    RETRY = "retry"  # try again after ``delay`` (the caller puts the page back on its lane then)
+    FAILED = "failed"  # failed for good, the reason recorded
+
+
 @dataclass(frozen=True)
 class Decision:
-    action: str  # "done" | "retry" | "failed"
+    action: Action
     delay: float = 0.0
     reason: str | None = None
 
@@ -32,7 +39,7 @@ def settle(db: Database, outcome: PageOutcome, cfg: WorkerSettings) -> Decision:
     job = outcome.job
     if outcome.error is None:
         log.info("job %s succeeded attempt=%d %s", job.id, job.attempts, _fmt(outcome.timings))
-        return Decision("done")
+        return Decision(Action.DONE)
     exc = outcome.error
     reason = public_reason(exc)
     stage = getattr(exc, "stage", None)
@@ -42,10 +49,10 @@ def settle(db: Database, outcome: PageOutcome, cfg: WorkerSettings) -> Decision:
         delay = cfg.retry_backoff * 2 ** (job.attempts - 1)
         jobstore.record_retry(db, job.id, reason, stage)
         log.warning("job %s attempt %d failed (%s); retry in %.1fs", job.id, job.attempts, reason, delay)
-        return Decision("retry", delay, reason)
+        return Decision(Action.RETRY, delay, reason)
     jobstore.finish_failed(db, job.id, reason, stage, outcome.timings)
     log.warning("job %s failed at %s: %s", job.id, stage or "?", reason)
-    return Decision("failed", reason=reason)
+    return Decision(Action.FAILED, reason=reason)
 
 
 def _fmt(timings: dict[str, float]) -> str:

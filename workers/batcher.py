@@ -3,8 +3,9 @@
 Every page in progress (one per task slot) announces itself with ``expect`` when its
 preprocessing starts, then hands its prepared image to the ``MicroBatcher`` and waits on a
 future. A dispatcher thread (one per batch the engine runs at once) takes up to
-``max_size`` ready pages at a time, most urgent first (lowest message priority, then arrival),
-and runs them as one ``engine.infer`` call. A batch waits to fill only while announced pages
+``max_size`` ready pages at a time, most urgent first (lowest message priority, then arrival) but
+with the lane policy's share for batch pages (``LanePolicy.pick``), and runs them as one
+``engine.infer`` call. A batch waits to fill only while announced pages
 are still being preprocessed, at most ``max_wait``, and not at all when an interactive page is
 waiting: an interactive page never waits for batch pages to arrive, and a lone page does not
 wait for pages that are not coming.
@@ -26,6 +27,8 @@ from dataclasses import dataclass, field
 
 from paperlane.errors import EngineError, PaperlaneError
 from paperlane.models.engine import Engine, EngineRequest, Outcome
+from paperlane.priority.lanes import Lane
+from paperlane.priority.policy import LanePolicy
 
 log = logging.getLogger(__name__)
 
@@ -48,17 +51,23 @@ class BatcherStats:
 
 class MicroBatcher:
     def __init__(self, engine: Engine, *, max_size: int, max_wait: float, urgent_below: int,
-                 dispatchers: int = 1) -> None:
-        """``urgent_below``: pages with a message priority below this never wait for a batch to fill.
+                 dispatchers: int = 1, batch_share: float = 0.2) -> None:
+        """``urgent_below``: pages with a message priority below this (the interactive lane) never wait
+        for a batch to fill.
 
         ``dispatchers``: batches handed to the engine at once (1 for a sequential engine; more for
         a continuously batching server, so an urgent page never waits for a batch in flight).
+
+        ``batch_share``: the lane policy's share; while batch pages are ready, they get at least this
+        share of the places in batches, so a flood of interactive pages cannot starve batch pages that
+        already started.
         """
         self._engine = engine
         self._max_size = max_size
         self._max_wait = max_wait
         self._urgent_below = urgent_below
-        self._heap: list[_Pending] = []
+        self._heaps: dict[Lane, list[_Pending]] = {lane: [] for lane in Lane}
+        self._policy = LanePolicy(batch_share=batch_share)
         self._seq = itertools.count()
         self._cond = threading.Condition()
         self._closed = False
@@ -79,6 +88,12 @@ class MicroBatcher:
         with self._cond:
             self._expected += 1
 
+    @property
+    def expected(self) -> int:
+        """Pages announced and not yet submitted (0 when the accounting is balanced and idle)."""
+        with self._cond:
+            return self._expected
+
     def unexpect(self) -> None:
         """An expected page will not come (it failed before inference)."""
         with self._cond:
@@ -92,7 +107,8 @@ class MicroBatcher:
             if self._closed:
                 raise EngineError("worker is shutting down", stage="inference", retryable=True)
             self._expected = max(0, self._expected - 1)
-            heapq.heappush(self._heap, _Pending(priority, next(self._seq), request, fut, time.monotonic()))
+            lane = Lane.INTERACTIVE if priority < self._urgent_below else Lane.BATCH
+            heapq.heappush(self._heaps[lane], _Pending(priority, next(self._seq), request, fut, time.monotonic()))
             self._cond.notify_all()
         return fut
 
@@ -105,26 +121,37 @@ class MicroBatcher:
 
     def _take(self, urgent_only: bool) -> list[_Pending] | None:
         with self._cond:
-            while not self._closed and (not self._heap or (urgent_only and not self._urgent_first())):
+            while not self._closed and not (self._urgent_first() if urgent_only else self._ready()):
                 self._cond.wait()
-            if not self._heap:
+            if not self._ready():
                 return None
             # Wait for a fuller batch only while pages are on their way (preprocessing), at most
             # max_wait, and never when an urgent page is waiting.
-            deadline = min(p.since for p in self._heap) + self._max_wait
-            while len(self._heap) < self._max_size and self._expected > 0 and not self._closed \
+            deadline = min(h[0].since for h in self._heaps.values() if h) + self._max_wait
+            while self._ready() < self._max_size and self._expected > 0 and not self._closed \
                     and not self._urgent_first():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 self._cond.wait(left)
             batch: list[_Pending] = []
-            while self._heap and len(batch) < self._max_size and (not urgent_only or self._urgent_first()):
-                batch.append(heapq.heappop(self._heap))
+            while len(batch) < self._max_size and (lane := self._next_lane(urgent_only)) is not None:
+                batch.append(heapq.heappop(self._heaps[lane]))
+                self._policy.started(lane)
             return batch
 
+    def _ready(self) -> int:
+        return sum(map(len, self._heaps.values()))
+
     def _urgent_first(self) -> bool:
-        return bool(self._heap) and self._heap[0].priority < self._urgent_below
+        return bool(self._heaps[Lane.INTERACTIVE])
+
+    def _next_lane(self, urgent_only: bool) -> Lane | None:
+        """The lane of the next page into a batch: most urgent first, batch keeping its share."""
+        urgent, normal = bool(self._heaps[Lane.INTERACTIVE]), bool(self._heaps[Lane.BATCH])
+        if urgent_only:
+            return Lane.INTERACTIVE if urgent else None
+        return self._policy.pick(interactive_waiting=urgent, batch_waiting=normal)
 
     def _loop(self, urgent_only: bool = False) -> None:
         while (batch := self._take(urgent_only)) is not None:

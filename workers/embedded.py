@@ -10,11 +10,12 @@ redone: their stored result is copied out.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
 import logging
 import queue
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -24,12 +25,13 @@ from pathlib import Path
 from paperlane.errors import PaperlaneError
 from paperlane.priority.lanes import Lane
 from paperlane.priority.policy import LanePolicy
+from paperlane.priority.scheduler import InMemoryLanes, LaneScheduler
 from paperlane.producer.inputs import PageInput
 from paperlane.producer.submit import Submitted, submit_pages
 from paperlane.schemas import JobStatus, PageResult, Task, TaskSpec
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.tables import JobRow
-from paperlane.workers.attempts import settle
+from paperlane.workers.attempts import Action, Decision, settle
 from paperlane.workers.pipeline import PageOutcome, Runtime, process_page, result_json
 
 log = logging.getLogger(__name__)
@@ -80,17 +82,23 @@ def _named(subs: Iterable[Submitted]) -> Iterator[tuple[str, Submitted]]:
 
 
 class _Scheduler:
-    """Keeps every page slot busy, choosing each next page by the lane policy."""
+    """Keeps every page slot busy; the one ``LaneScheduler`` decides which lane starts next.
+
+    A page whose attempt should be retried waits out its backoff here, off its slot, and then goes
+    back to its lane: the same rule as on a worker, where it waits in Redis's delayed set.
+    """
 
     def __init__(self, rt: Runtime, subs: Iterator[tuple[str, Submitted]], emit: Emit) -> None:
         self.rt = rt
         self.subs = subs
         self.emit = emit
         self.slots = rt.slots
+        self.waiting: InMemoryLanes[tuple[str, JobRow]] = InMemoryLanes()
         # No interactive page arrives from outside a run: batch pages may use every slot.
-        self.policy = LanePolicy(batch_share=rt.settings.worker.batch_share)
-        self.waiting: dict[Lane, deque[tuple[str, JobRow]]] = {lane: deque() for lane in Lane}
-        self.done: queue.Queue[tuple[str, JobRow, Future[PageOutcome | None]]] = queue.Queue()
+        self.lanes = LaneScheduler(LanePolicy(batch_share=rt.settings.worker.batch_share), self.waiting)
+        self.delayed: list[tuple[float, int, str, JobRow]] = []  # (due, seq, name, job): retries due later
+        self._seq = itertools.count()
+        self.done: queue.Queue[tuple[str, JobRow, Future[_Attempt | None]]] = queue.Queue()
         self.exhausted = False
 
     def run(self) -> None:
@@ -98,23 +106,29 @@ class _Scheduler:
         with ThreadPoolExecutor(max_workers=self.slots, thread_name_prefix="slot") as slots:
             while True:
                 self._refill()
-                while in_flight < self.slots and (picked := self._pick()) is not None:
-                    name, job = picked
-                    fut = slots.submit(self._attempts, job)
+                self._release_due()
+                self.lanes.refresh()
+                while in_flight < self.slots and (picked := self.waiting.take()) is not None:
+                    lane, (name, job) = picked
+                    self.lanes.started(lane)
+                    fut = slots.submit(self._attempt, job)
                     fut.add_done_callback(partial(self._done, name, job))
                     in_flight += 1
-                if in_flight == 0 and self.exhausted and not any(self.waiting.values()):
+                if in_flight == 0 and self.exhausted and not len(self.waiting) and not self.delayed:
                     return
-                name, job, fut = self.done.get()
+                try:
+                    name, job, fut = self.done.get(timeout=self._until_due())
+                except queue.Empty:
+                    continue  # a delayed page is due
                 in_flight -= 1
-                self.policy.finished(Lane(job.lane))
-                self._emit_outcome(name, job, fut.result())
+                self.lanes.finished(Lane(job.lane))
+                self._settled(name, job, fut.result())
 
-    def _done(self, name: str, job: JobRow, fut: Future[PageOutcome | None]) -> None:
+    def _done(self, name: str, job: JobRow, fut: Future[_Attempt | None]) -> None:
         self.done.put((name, job, fut))
 
     def _refill(self) -> None:
-        while not self.exhausted and sum(map(len, self.waiting.values())) < 2 * self.slots:
+        while not self.exhausted and len(self.waiting) < 2 * self.slots:
             try:
                 name, sub = next(self.subs)
             except StopIteration:
@@ -123,33 +137,40 @@ class _Scheduler:
             if sub.action == "failed" or (sub.action == "exists" and sub.job.status == JobStatus.SUCCEEDED.value):
                 self.emit(name, *_stored(self.rt, sub.job))
             else:  # new, requeued, or left queued/running by an earlier run that stopped
-                self.waiting[Lane(sub.job.lane)].append((name, sub.job))
+                self.waiting.add(Lane(sub.job.lane), (name, sub.job))
 
-    def _pick(self) -> tuple[str, JobRow] | None:
-        lane = self.policy.pick(interactive_waiting=bool(self.waiting[Lane.INTERACTIVE]),
-                                batch_waiting=bool(self.waiting[Lane.BATCH]))
-        if lane is None:
-            return None
-        self.policy.started(lane)
-        return self.waiting[lane].popleft()
+    def _release_due(self) -> None:
+        now = time.monotonic()
+        while self.delayed and self.delayed[0][0] <= now:
+            _, _, name, job = heapq.heappop(self.delayed)
+            self.waiting.add(Lane(job.lane), (name, job))
 
-    def _attempts(self, job: JobRow) -> PageOutcome | None:
-        """Attempts at one page under the retry policy; None when it needs none (finished elsewhere)."""
+    def _until_due(self) -> float | None:
+        return max(0.0, self.delayed[0][0] - time.monotonic()) if self.delayed else None
+
+    def _attempt(self, job: JobRow) -> _Attempt | None:
+        """One attempt at one page under the retry rules; None when it needs none (finished elsewhere)."""
         # No crash-loop limit here: a page that kills this process stops the run where the user sees it,
         # and an interrupted run (Ctrl-C) must not count against the pages it was working on.
-        while (started := jobstore.start_attempt(self.rt.db, job.id, max_attempts=None)) is not None:
-            outcome = process_page(self.rt, started)
-            decision = settle(self.rt.db, outcome, self.rt.settings.worker)
-            if decision.action != "retry":
-                return outcome
-            time.sleep(decision.delay)
-        return None
+        started = jobstore.start_attempt(self.rt.db, job.id, max_attempts=None)
+        if started is None:
+            return None
+        outcome = process_page(self.rt, started)
+        return _Attempt(outcome, settle(self.rt.db, outcome, self.rt.settings.worker))
 
-    def _emit_outcome(self, name: str, job: JobRow, outcome: PageOutcome | None) -> None:
-        if outcome is None:  # finished without an attempt here: report what the row says
+    def _settled(self, name: str, job: JobRow, attempt: _Attempt | None) -> None:
+        if attempt is None:  # finished without an attempt here: report what the row says
             self.emit(name, *_stored(self.rt, jobstore.get_job(self.rt.db, job.id)))
-            return
-        self.emit(name, outcome.result, outcome.annotated)
+        elif attempt.decision.action is Action.RETRY:
+            heapq.heappush(self.delayed, (time.monotonic() + attempt.decision.delay, next(self._seq), name, job))
+        else:
+            self.emit(name, attempt.outcome.result, attempt.outcome.annotated)
+
+
+@dataclass
+class _Attempt:
+    outcome: PageOutcome
+    decision: Decision
 
 
 def _stored(rt: Runtime, job: JobRow) -> tuple[PageResult, bytes | None]:

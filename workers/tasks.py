@@ -2,50 +2,99 @@
 
 The worker runs Celery's thread pool with one thread per page slot (prefetch 1 per slot, late
 acks): every message it holds is a page in progress, none sits reserved behind others, so Redis
-priority decides what starts next. A message is acked only when its page is settled: stored,
-failed, or handed back for a retry.
+priority decides what starts next, and the one ``LaneScheduler`` (``paperlane.workers.lane_gate``)
+decides which lanes this worker takes pages from. A message is acked only when its page is settled:
+stored, failed, or delayed for a retry — a retry is a page in Redis's delayed set
+(``paperlane.priority.delayed``), never a countdown message held by a worker.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from celery import Celery, Task
+from celery.exceptions import Reject
 
 from paperlane.errors import JobNotFound, StorageUnavailable
+from paperlane.priority.broker import send_page
+from paperlane.priority.delayed import DelayedPage, DelayedPages
 from paperlane.priority.lanes import TASK_PROCESS_PAGE, Lane
 from paperlane.priority.policy import LanePolicy
+from paperlane.priority.scheduler import LaneScheduler
 from paperlane.storage import jobs as jobstore
-from paperlane.workers.attempts import settle
-from paperlane.workers.governor import install_governor
+from paperlane.workers.attempts import Action, settle
+from paperlane.workers.lane_gate import ConsumerLanes, install_lane_gate
 from paperlane.workers.pipeline import Runtime, process_page
+from paperlane.workers.retry_clock import RetryClock
 
 log = logging.getLogger(__name__)
 
 
-def register_tasks(app: Celery, runtime: Runtime) -> None:
-    """Register paperlane's task on ``app``, served by the resident ``runtime``, and its lane governor."""
-    policy = LanePolicy(batch_share=runtime.settings.worker.batch_share, batch_limit=runtime.batch_slots)
-    install_governor(app, policy, runtime.settings.redis.url)
+@dataclass
+class WorkerParts:
+    """What the Celery task needs besides the runtime: the scheduler, the delayed set, the retry clock."""
 
-    @app.task(name=TASK_PROCESS_PAGE, bind=True, acks_late=True, max_retries=None)
+    scheduler: LaneScheduler
+    delayed: DelayedPages
+    clock: RetryClock
+
+    def close(self) -> None:
+        self.clock.stop()
+        self.delayed.close()
+
+
+def register_tasks(app: Celery, runtime: Runtime, *, lanes: list[Lane] | None = None) -> WorkerParts:
+    """Register paperlane's task on ``app``, served by the resident ``runtime``, with its scheduler."""
+    served = lanes or list(Lane)
+    # The batch limit keeps slots free for interactive pages; a worker that serves no interactive lane needs none.
+    limit = runtime.batch_slots if Lane.INTERACTIVE in served else None
+    policy = LanePolicy(batch_share=runtime.settings.worker.batch_share, batch_limit=limit)
+    source = ConsumerLanes(runtime.settings.redis.url)
+    scheduler = LaneScheduler(policy, source, lanes=served)
+    install_lane_gate(app, scheduler, source)
+    delayed = DelayedPages.from_url(runtime.settings.redis.url)
+
+    def publish(pages: list[DelayedPage]) -> None:
+        with app.producer_or_acquire() as producer:
+            for page in pages:
+                send_page(app, page.job_id, page.lane, page.priority, producer=producer)
+
+    clock = RetryClock(runtime.settings.redis.url, publish)
+    parts = WorkerParts(scheduler, delayed, clock)
+
+    @app.task(name=TASK_PROCESS_PAGE, bind=True, acks_late=True)
     def process_page_task(self: Task, job_id: str) -> str:
-        return handle_page(runtime, policy, self, str(job_id))
+        lane = _lane_of(self)
+        try:
+            return handle_page(runtime, parts, str(job_id), lane, self.request.delivery_info or {})
+        finally:
+            scheduler.finished(lane)
+
+    clock.start()
+    return parts
 
 
-def handle_page(rt: Runtime, policy: LanePolicy, task: Task, job_id: str) -> str:
+def _lane_of(task: Task) -> Lane:
+    queue = (task.request.delivery_info or {}).get("routing_key")
+    return next((lane for lane in Lane if lane.queue == queue), Lane.BATCH)
+
+
+def handle_page(rt: Runtime, parts: WorkerParts, job_id: str, lane: Lane, delivery: dict) -> str:
+    """One message: attempt its page and settle it (done, failed, or delayed for a retry)."""
     try:
-        return _handle_page(rt, policy, task, job_id)
+        return _attempt(rt, parts, job_id)
     except StorageUnavailable as exc:
-        # The database itself is unreachable: nothing about the page can be recorded, so the whole
-        # message is tried again later (processing a page twice is harmless).
-        delay = min(60.0, rt.settings.worker.retry_backoff * 2 ** min(task.request.retries, 5))
-        log.warning("job %s: %s; message retried in %.0fs", job_id, exc, delay)
-        raise task.retry(countdown=delay, queue=task.request.delivery_info.get("routing_key"),
-                         priority=(task.request.delivery_info or {}).get("priority")) from exc
+        # The database is unreachable: nothing about the page can be recorded, so the whole message
+        # goes back to its lane later (processing a page twice is harmless).
+        delay = rt.settings.worker.retry_backoff * 4
+        priority = delivery.get("priority")
+        _delay(parts, DelayedPage(job_id, lane, lane.base_priority if priority is None else int(priority)), delay)
+        log.warning("job %s: %s; back on its lane in %.0fs", job_id, exc, delay)
+        return "delayed"
 
 
-def _handle_page(rt: Runtime, policy: LanePolicy, task: Task, job_id: str) -> str:
+def _attempt(rt: Runtime, parts: WorkerParts, job_id: str) -> str:
     try:
         job = jobstore.start_attempt(rt.db, job_id, max_attempts=rt.settings.worker.max_attempts)
     except JobNotFound:
@@ -54,12 +103,14 @@ def _handle_page(rt: Runtime, policy: LanePolicy, task: Task, job_id: str) -> st
     if job is None:
         log.info("job %s already finished; redelivered message ignored", job_id)
         return "duplicate"
-    lane = Lane(job.lane)
-    policy.started(lane)
+    decision = settle(rt.db, process_page(rt, job), rt.settings.worker)
+    if decision.action is Action.RETRY:
+        _delay(parts, DelayedPage(job.id, Lane(job.lane), job.priority), decision.delay)
+    return decision.action.value
+
+
+def _delay(parts: WorkerParts, page: DelayedPage, delay: float) -> None:
     try:
-        decision = settle(rt.db, process_page(rt, job), rt.settings.worker)
-    finally:
-        policy.finished(lane)
-    if decision.action == "retry":
-        raise task.retry(countdown=decision.delay, queue=Lane(job.lane).queue, priority=job.priority)
-    return decision.action
+        parts.delayed.add(page, delay)
+    except StorageUnavailable as exc:  # Redis is down too: hand the message back as it is
+        raise Reject(str(exc), requeue=True) from exc

@@ -1,0 +1,118 @@
+"""Delayed retries that live in Redis, not in a worker: pages due later, put back on their lane when due.
+
+A page that failed in a way a later try may fix (engine or object store unreachable) waits out its
+backoff here: a sorted set scored by the time it is due (Redis server time, so workers' clocks
+may differ). Its lane and message priority travel with it, so when it is due it goes back onto the
+same lane queue, at the same priority, as a fresh message. Nothing is held in a worker's memory (no
+Celery countdown/ETA message, which a worker keeps reserved outside the lanes, beyond the prefetch
+limit, and takes down with it): a worker that dies leaves its delayed pages to the others.
+
+Every worker runs a ``RetryClock`` (``paperlane.workers.retry_clock``): it sleeps until the earliest
+due time it knows of and wakes when a worker adds a page (a PUBLISH on ``DELAYED_CHANNEL``). Claiming
+is atomic: a due page moves into a "releasing" set in the same script that takes it, is published,
+then dropped from that set; one whose releaser died half-way is put back after ``STALE_S``. The
+cost is a few commands per delayed page, nothing per unit of time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+
+from paperlane.errors import StorageUnavailable
+from paperlane.priority.lanes import DELAYED_CHANNEL, DELAYED_KEY, RELEASING_KEY, Lane
+
+STALE_S = 30.0  # a page claimed this long ago and still not released: its releaser died
+
+# KEYS: delayed; ARGV: member, delay seconds. Due = Redis server time + delay.
+_SCHEDULE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+return tostring(now + tonumber(ARGV[2]))
+"""
+
+# KEYS: delayed, releasing; ARGV: max pages, stale seconds. Returns {seconds to next due or -1, members...}.
+_CLAIM = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local stale = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[2]))
+for _, m in ipairs(stale) do
+  redis.call('ZREM', KEYS[2], m)
+  redis.call('ZADD', KEYS[1], now, m)
+end
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+for _, m in ipairs(due) do
+  redis.call('ZREM', KEYS[1], m)
+  redis.call('ZADD', KEYS[2], now, m)
+end
+local wait = -1
+local nxt = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if #nxt > 0 then wait = math.max(0, tonumber(nxt[2]) - now) end
+local held = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+if #held > 0 then
+  local w = math.max(0, tonumber(held[2]) + tonumber(ARGV[2]) - now)
+  if wait < 0 or w < wait then wait = w end
+end
+local out = {tostring(wait)}
+for _, m in ipairs(due) do table.insert(out, m) end
+return out
+"""
+
+
+@dataclass(frozen=True)
+class DelayedPage:
+    job_id: str
+    lane: Lane
+    priority: int
+
+    def member(self) -> str:
+        return f"{self.job_id} {self.lane.value} {self.priority}"
+
+    @classmethod
+    def parse(cls, member: str | bytes) -> DelayedPage:
+        text = member.decode() if isinstance(member, bytes) else member
+        job_id, lane, priority = text.split(" ")
+        return cls(job_id, Lane(lane), int(priority))
+
+
+class DelayedPages:
+    """The delayed set in Redis: add pages due later, claim and release those that are due."""
+
+    def __init__(self, client: redis.Redis, *, stale_s: float = STALE_S) -> None:
+        self._redis = client
+        self._stale_s = stale_s
+        self._schedule = client.register_script(_SCHEDULE)
+        self._claim = client.register_script(_CLAIM)
+
+    @classmethod
+    def from_url(cls, url: str, *, stale_s: float = STALE_S) -> DelayedPages:
+        return cls(redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5), stale_s=stale_s)
+
+    def add(self, page: DelayedPage, delay: float) -> None:
+        """Put ``page`` back on its lane after ``delay`` seconds. Raises StorageUnavailable."""
+        try:
+            self._schedule(keys=[DELAYED_KEY], args=[page.member(), max(0.0, delay)])
+            self._redis.publish(DELAYED_CHANNEL, b"1")
+        except redis.RedisError as exc:
+            raise StorageUnavailable(f"broker unreachable: {exc}", stage="inference") from exc
+
+    def claim_due(self, *, limit: int = 100) -> tuple[list[DelayedPage], float | None]:
+        """Take the pages that are due (each is claimed by one caller only), and the seconds until the
+        next one is (None: nothing delayed). Claimed pages must be ``released`` once published."""
+        wait, *members = self._claim(keys=[DELAYED_KEY, RELEASING_KEY], args=[limit, self._stale_s])
+        seconds = float(wait)
+        return [DelayedPage.parse(m) for m in members], (None if seconds < 0 else seconds)
+
+    def released(self, pages: list[DelayedPage]) -> None:
+        """The claimed ``pages`` are back on their lanes."""
+        if pages:
+            self._redis.zrem(RELEASING_KEY, *(p.member() for p in pages))
+
+    def pending(self) -> int:
+        """Pages delayed or being released (for status and tests)."""
+        return int(self._redis.zcard(DELAYED_KEY)) + int(self._redis.zcard(RELEASING_KEY))
+
+    def close(self) -> None:
+        self._redis.close()

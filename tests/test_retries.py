@@ -1,0 +1,88 @@
+"""Delayed retries live in Redis: due later, claimed once, back on their own lane at their own priority,
+and released by any worker's clock, also one started after the worker that delayed them died."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from paperlane.priority.broker import make_celery
+from paperlane.priority.delayed import DelayedPage, DelayedPages
+from paperlane.priority.lanes import Lane, broker_keys
+from paperlane.settings import RedisSettings, Settings
+from paperlane.workers.retry_clock import RetryClock
+from tests.services import Service
+
+
+@pytest.fixture
+def redis_url(redis_service: Service) -> Iterator[str]:
+    redis.Redis.from_url(redis_service.url).flushall()
+    yield redis_service.url
+
+
+def until(check, timeout: float = 10.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+    return value
+
+
+def test_a_delayed_page_is_due_later_and_claimed_once(redis_url: str) -> None:
+    a, b = DelayedPages.from_url(redis_url), DelayedPages.from_url(redis_url)
+    page = DelayedPage("job-1", Lane.INTERACTIVE, 3)
+    a.add(page, 0.4)
+    pages, wait = a.claim_due()
+    assert pages == [] and wait is not None and 0.2 < wait <= 0.4
+    time.sleep(wait)
+    claims = [a.claim_due()[0], b.claim_due()[0]]
+    assert sorted(map(len, claims)) == [0, 1] and page in claims[0] + claims[1]
+    assert a.pending() == 1  # claimed, not yet released
+    a.released([page])
+    assert a.pending() == 0 and a.claim_due() == ([], None)
+
+
+def test_a_claim_whose_releaser_died_is_put_back(redis_url: str) -> None:
+    dying = DelayedPages.from_url(redis_url, stale_s=0.3)
+    dying.add(DelayedPage("job-2", Lane.BATCH, 7), 0)
+    assert len(dying.claim_due()[0]) == 1  # ... and it never says released
+    heir = DelayedPages.from_url(redis_url, stale_s=0.3)
+    pages, wait = heir.claim_due()
+    assert pages == [] and wait is not None and wait <= 0.3
+    time.sleep(wait + 0.05)
+    assert heir.claim_due()[0] == [DelayedPage("job-2", Lane.BATCH, 7)]
+
+
+def test_the_clock_puts_pages_back_on_their_lane_at_their_priority(redis_url: str) -> None:
+    # Delayed by a worker that is gone: nobody was running a clock when they were added.
+    gone = DelayedPages.from_url(redis_url)
+    gone.add(DelayedPage("job-i", Lane.INTERACTIVE, 3), 0.2)
+    gone.add(DelayedPage("job-b", Lane.BATCH, 6), 0.0)
+    app = make_celery(Settings(redis=RedisSettings(url=redis_url)))
+
+    def publish(pages: list[DelayedPage]) -> None:
+        from paperlane.priority.broker import send_page
+
+        for p in pages:
+            send_page(app, p.job_id, p.lane, p.priority)
+
+    clock = RetryClock(redis_url, publish)
+    clock.start()
+    try:
+        client = redis.Redis.from_url(redis_url)
+        until(lambda: client.llen(broker_keys(Lane.BATCH)[6]) == 1)
+        until(lambda: client.llen(broker_keys(Lane.INTERACTIVE)[3]) == 1)
+        message = json.loads(client.lindex(broker_keys(Lane.INTERACTIVE)[3], 0))
+        assert message["headers"]["argsrepr"] == "['job-i']"
+        # A page delayed while the clock sleeps wakes it (no polling): released about when due.
+        t0 = time.monotonic()
+        DelayedPages.from_url(redis_url).add(DelayedPage("job-late", Lane.BATCH, 5), 0.3)
+        until(lambda: client.llen(broker_keys(Lane.BATCH)[5]) == 1)
+        assert 0.25 < time.monotonic() - t0 < 5
+        assert clock.released == 3 and gone.pending() == 0
+    finally:
+        clock.stop()
