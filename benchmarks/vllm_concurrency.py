@@ -5,9 +5,12 @@ built by tests/vllm_tier/tiny_model.py (nothing downloaded), prepares N pages as
 then sends them through ``VllmServerEngine`` twice against the same server: one request in flight
 at a time, then up to 16 (one micro-batch at once). Client overhead per page = the latency our
 client saw minus the server's own end-to-end latency for the same requests (vLLM's
-``vllm:e2e_request_latency_seconds`` histogram). Run it with the vLLM tier's Python:
+``vllm:e2e_request_latency_seconds`` histogram). The server is started as the README's ``vllm serve``
+command says (``--scheduling-policy priority``). Run it with the vLLM tier's Python, with this checkout
+installed there (scripts/test does that too):
 
-    PYTHONPATH=.:tests/vllm_tier ~/.cache/paperlane/venv-vllm/bin/python benchmarks/vllm_concurrency.py
+    ~/.cache/paperlane/venv-vllm/bin/python -m pip install -q --no-deps -e .
+    PYTHONPATH=tests/vllm_tier:. ~/.cache/paperlane/venv-vllm/bin/python benchmarks/vllm_concurrency.py
 
 Last line: ``concurrency_speedup=<pages/s at 16 / pages/s at 1>``.
 """
@@ -42,7 +45,7 @@ def start_server(model: Path, port: int, log: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", "127.0.0.1",
            "--port", str(port), "--max-model-len", "512", "--max-num-seqs", "16", "--dtype", "float32",
            "--enforce-eager", "--limit-mm-per-prompt", '{"image":1}', "--served-model-name", "tiny",
-           "--no-enable-prefix-caching", "--mm-processor-cache-gb", "0"]
+           "--no-enable-prefix-caching", "--mm-processor-cache-gb", "0", "--scheduling-policy", "priority"]
     return subprocess.Popen(cmd, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
 
 

@@ -4,6 +4,11 @@ For one worker per GPU without a separate server: vLLM's ``AsyncLLM`` is built o
 every page of a micro-batch is submitted to it at once, so its scheduler batches them. (vLLM runs
 its engine core in a child process of the worker; the worker owns it and it dies with it.)
 The chat template, sampling and parsing come from the same model profile as the server client.
+
+The engine schedules by priority (``scheduling_policy="priority"`` unless ``engine.vllm_args`` says
+otherwise) and each page is submitted with its own priority, so an interactive page overtakes the
+batch backlog waiting inside the engine. ``max_tokens`` is kept within the model's ``max_model_len``;
+vLLM stops an answer where the context ends and it is flagged ``truncated``.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ HUNYUAN_ENGINE_ARGS: dict[str, Any] = {
     "mm_processor_cache_gb": 0,
     "limit_mm_per_prompt": {"image": 1},
 }
+# Pages carry their lane's priority: the engine serves lower numbers first (vLLM's default is "fcfs").
+PAPERLANE_ENGINE_ARGS: dict[str, Any] = {"scheduling_policy": "priority"}
 
 
 def _vllm_version() -> str:
@@ -53,11 +60,18 @@ class VllmInprocessEngine(VlmEngineBase):
         self._engine: Any = None
         self._tokenizer: Any = None
         self._prompts: dict[str, str] = {}
+        self._max_tokens = cfg.max_tokens
+        self._by_priority = False
 
     @property
     def info(self) -> EngineInfo:
         return EngineInfo(name="vllm-inprocess", version=_vllm_version(),
                           model=f"{self._cfg.model} ({self._profile.name})")
+
+    @property
+    def max_tokens(self) -> int:
+        """The ``max_tokens`` of each page: the configured one, within the model's ``max_model_len`` once started."""
+        return self._max_tokens
 
     def start(self) -> None:
         if self._engine is not None:
@@ -68,7 +82,8 @@ class VllmInprocessEngine(VlmEngineBase):
         except ImportError as exc:
             raise UsageError("the vllm-inprocess engine needs vLLM installed (pip install vllm)") from exc
         t0 = time.perf_counter()
-        args = {"model": self._cfg.model, "disable_log_stats": True, **HUNYUAN_ENGINE_ARGS, **self._cfg.vllm_args}
+        args = {"model": self._cfg.model, "disable_log_stats": True, **HUNYUAN_ENGINE_ARGS, **PAPERLANE_ENGINE_ARGS,
+                **self._cfg.vllm_args}
         self._loop = LoopThread("vllm-engine")
         try:
             self._engine = self._loop.run(_build(AsyncLLM, AsyncEngineArgs(**args)))
@@ -76,7 +91,12 @@ class VllmInprocessEngine(VlmEngineBase):
             self._loop.stop()
             raise UsageError(f"vLLM could not load {self._cfg.model}: {type(exc).__name__}: {exc}"[:300]) from exc
         self._tokenizer = self._engine.get_tokenizer()
-        log.info("vLLM in-process engine ready in %.1fs: %s", time.perf_counter() - t0, self._cfg.model)
+        max_model_len = int(self._engine.model_config.max_model_len)
+        self._max_tokens = min(self._cfg.max_tokens, max_model_len)
+        policy = str(self._engine.vllm_config.scheduler_config.policy)
+        self._by_priority = policy == "priority"
+        log.info("vLLM in-process engine ready in %.1fs: %s (max_model_len %d, max_tokens %d, scheduling %s)",
+                 time.perf_counter() - t0, self._cfg.model, max_model_len, self._max_tokens, policy)
 
     def infer(self, requests: Sequence[EngineRequest]) -> list[Outcome]:
         if self._engine is None or self._loop is None:
@@ -99,9 +119,11 @@ class VllmInprocessEngine(VlmEngineBase):
         t0 = time.perf_counter()
         try:
             prompt = {"prompt": self._prompt(req), "multi_modal_data": {"image": to_pil(req.image)}}
-            params = SamplingParams(**self._profile.sampling(req.spec, max_tokens=self._cfg.max_tokens))
+            params = SamplingParams(**self._profile.sampling(req.spec, max_tokens=self._max_tokens))
             final = None
-            async for out in self._engine.generate(prompt, params, uuid.uuid4().hex):
+            # vLLM ignores a priority under "fcfs"; it documents an error for one there, so send none.
+            priority = req.priority if self._by_priority else 0
+            async for out in self._engine.generate(prompt, params, uuid.uuid4().hex, priority=priority):
                 final = out
         except PaperlaneError as exc:
             return exc

@@ -4,6 +4,16 @@ The normal deployment: one ``vllm serve`` per GPU, shared by every worker proces
 machine. A micro-batch's pages are all sent at once (bounded by ``max_in_flight`` for the whole
 process), so the server's continuous batching keeps the GPU full. Transport failures and 5xx/429
 answers are ``EngineUnavailable`` (retryable); other 4xx answers are ``EngineError`` on that page.
+
+Each request carries its page's priority (vLLM's ``priority``, lower first; it takes effect with
+``vllm serve --scheduling-policy priority``), so an interactive page overtakes the batch backlog
+queued inside the server too. vLLM 0.32 accepts and ignores a priority under its default ``fcfs``
+policy; a server that refuses it instead (HTTP 400 naming ``priority``) gets one warning and no
+priority for the life of the engine, and the page is sent again without it.
+
+``max_tokens`` is kept within the served model's ``max_model_len`` (read from ``/v1/models`` at
+start): vLLM refuses ``max_tokens > max_model_len`` with HTTP 400 and itself lowers a smaller
+``max_tokens`` to the context the prompt leaves, so an answer cut there is flagged ``truncated``.
 """
 
 from __future__ import annotations
@@ -40,12 +50,30 @@ class VllmServerEngine(VlmEngineBase):
         self._loop: LoopThread | None = None
         self._client: httpx.AsyncClient | None = None
         self._slots: asyncio.Semaphore | None = None
+        self._max_model_len: int | None = None
+        self._max_tokens = cfg.max_tokens
+        self._sends_priority = True
         self.in_flight = 0
         self.peak_in_flight = 0  # the most requests this engine has had at the server at once
 
     @property
     def info(self) -> EngineInfo:
         return EngineInfo(name="vllm", version=self._version, model=f"{self._model} ({self._profile.name})")
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The served model's context length as ``/v1/models`` gave it at start; None when not advertised."""
+        return self._max_model_len
+
+    @property
+    def max_tokens(self) -> int:
+        """The ``max_tokens`` sent with each page: the configured one, within the served ``max_model_len``."""
+        return self._max_tokens
+
+    @property
+    def sends_priority(self) -> bool:
+        """Whether requests carry the page's priority (False once the server has refused one)."""
+        return self._sends_priority
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -64,11 +92,16 @@ class VllmServerEngine(VlmEngineBase):
         await self._wait_ready()
         served = await self._served_models()
         if self._model is None:
-            self._model = served[0]
+            self._model = next(iter(served))
         elif self._model not in served:
             raise UsageError(f"model {self._model!r} is not served at {self._base} (served: {', '.join(served)})")
+        self._max_model_len = _max_model_len(served[self._model])
+        if self._max_model_len is not None:
+            self._max_tokens = min(self._cfg.max_tokens, self._max_model_len)
         self._version = await self._server_version()
-        log.info("vllm server %s ready: model %s, profile %s", self._base, self._model, self._profile.name)
+        context = f"max_model_len {self._max_model_len}" if self._max_model_len else "max_model_len not advertised"
+        log.info("vllm server %s ready: model %s (%s), profile %s, max_tokens %d (configured %d)", self._base,
+                 self._model, context, self._profile.name, self._max_tokens, self._cfg.max_tokens)
 
     async def _wait_ready(self) -> None:
         assert self._client is not None
@@ -87,13 +120,14 @@ class VllmServerEngine(VlmEngineBase):
         waited = self._cfg.startup_timeout
         raise EngineUnavailable(f"vllm server at {self._base} not ready after {waited:.0f}s ({last})", stage=_STAGE)
 
-    async def _served_models(self) -> list[str]:
+    async def _served_models(self) -> dict[str, dict[str, Any]]:
+        """The model cards at ``/v1/models`` by model id, in the server's order."""
         assert self._client is not None
         try:
             resp = await self._client.get(f"{self._base}/models")
             resp.raise_for_status()
-            served = [m["id"] for m in resp.json().get("data", [])]
-        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            served = {str(m["id"]): dict(m) for m in resp.json().get("data", [])}
+        except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise EngineUnavailable(f"cannot list models at {self._base}: {type(exc).__name__}", stage=_STAGE) from exc
         if not served:
             raise EngineUnavailable(f"vllm server at {self._base} serves no model", stage=_STAGE)
@@ -142,29 +176,38 @@ class VllmServerEngine(VlmEngineBase):
         return self._parse(req, answer, seconds)
 
     async def _complete(self, req: EngineRequest) -> dict[str, Any]:
-        assert self._client is not None
         image = req.image
         if image.data is None:
             raise EngineError("the vllm engine needs an encoded image", stage=_STAGE)
         url = f"data:{image.mime or 'image/jpeg'};base64,{base64.b64encode(image.data).decode()}"
-        body = {"model": self._model, "messages": self._profile.messages(req.spec, url),
-                **self._profile.sampling(req.spec, max_tokens=self._cfg.max_tokens)}
+        body: dict[str, Any] = {"model": self._model, "messages": self._profile.messages(req.spec, url),
+                                **self._profile.sampling(req.spec, max_tokens=self._max_tokens)}
+        if self._sends_priority:
+            body["priority"] = req.priority
+        resp = await self._post(body)
+        if "priority" in body and _refuses_priority(resp):
+            self._stop_sending_priority(resp)
+            del body["priority"]
+            resp = await self._post(body)
+        return _answer(resp)
+
+    async def _post(self, body: dict[str, Any]) -> httpx.Response:
+        assert self._client is not None
         try:
-            resp = await self._client.post(f"{self._base}/chat/completions", json=body)
+            return await self._client.post(f"{self._base}/chat/completions", json=body)
         except httpx.TimeoutException as exc:
             raise EngineUnavailable(f"vllm server timed out after {self._cfg.request_timeout:.0f}s",
                                     stage=_STAGE) from exc
         except httpx.HTTPError as exc:
             raise EngineUnavailable(f"vllm server unreachable ({type(exc).__name__})", stage=_STAGE) from exc
-        if resp.status_code >= 500 or resp.status_code == 429:
-            raise EngineUnavailable(f"vllm server busy or failing (HTTP {resp.status_code})", stage=_STAGE)
-        if resp.status_code >= 400:
-            raise EngineError(f"vllm server refused the page (HTTP {resp.status_code}: {_error_message(resp)})",
-                              stage=_STAGE)
-        try:
-            return dict(resp.json())
-        except ValueError as exc:
-            raise EngineUnavailable("vllm server sent a malformed answer", stage=_STAGE) from exc
+
+    def _stop_sending_priority(self, resp: httpx.Response) -> None:
+        if not self._sends_priority:  # pages in flight together all hear the refusal: warn once
+            return
+        self._sends_priority = False
+        log.warning("vllm server %s refuses request priorities (%s): sending pages without priority, so "
+                    "interactive pages queue behind batch pages inside the server; start it with "
+                    "--scheduling-policy priority", self._base, _error_message(resp))
 
     def _parse(self, req: EngineRequest, answer: dict[str, Any], seconds: float) -> Outcome:
         try:
@@ -178,11 +221,43 @@ class VllmServerEngine(VlmEngineBase):
                           completion_tokens=int(usage.get("completion_tokens") or 0), seconds=seconds)
 
 
-def _error_message(resp: httpx.Response) -> str:
+def _max_model_len(card: dict[str, Any]) -> int | None:
+    value = card.get("max_model_len")  # vLLM's own field of a model card; other servers may lack it
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _answer(resp: httpx.Response) -> dict[str, Any]:
+    """The JSON body of a chat-completions answer, or the error its status means."""
+    if resp.status_code >= 500 or resp.status_code == 429:
+        raise EngineUnavailable(f"vllm server busy or failing (HTTP {resp.status_code})", stage=_STAGE)
+    if resp.status_code >= 400:
+        raise EngineError(f"vllm server refused the page (HTTP {resp.status_code}: {_error_message(resp)})",
+                          stage=_STAGE)
+    try:
+        return dict(resp.json())
+    except (ValueError, TypeError) as exc:
+        raise EngineUnavailable("vllm server sent a malformed answer", stage=_STAGE) from exc
+
+
+def _refuses_priority(resp: httpx.Response) -> bool:
+    # vLLM 0.32 ignores a priority under --scheduling-policy fcfs, but documents "Any priority other than 0 will
+    # raise an error if the served model does not use priority scheduling", and its V0 engine did
+    # ("Got priority 5 but Priority scheduling is not enabled.", HTTP 400): a 400 naming it is that refusal.
+    return resp.status_code == 400 and "priority" in _error_text(resp).lower()
+
+
+def _error_text(resp: httpx.Response) -> str:
+    """The error message of an OpenAI-style error answer (``{"error": {"message": ...}}``), whole."""
     try:
         data = resp.json()
-        msg = data.get("error", {}).get("message") if isinstance(data.get("error"), dict) else data.get("message")
     except ValueError:
-        msg = None
-    text = " ".join(str(msg or resp.reason_phrase or "").split())
-    return text[:160]
+        data = None
+    msg = None
+    if isinstance(data, dict):
+        error = data.get("error")
+        msg = error.get("message") if isinstance(error, dict) else data.get("message")
+    return " ".join(str(msg or resp.reason_phrase or "").split())
+
+
+def _error_message(resp: httpx.Response) -> str:
+    return _error_text(resp)[:160]

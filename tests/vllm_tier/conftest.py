@@ -1,7 +1,9 @@
 """The vLLM tier: the real vLLM engine on the CPU with a tiny random-weight HunyuanOCR built here.
 
-Runs in its own venv (scripts/setup-vllm-tier.sh) with this folder on PYTHONPATH, for the
-sitecustomize fixes that spawned engine processes inherit; scripts/test runs it.
+Runs in its own venv (scripts/setup-vllm-tier.sh) with this checkout installed into it (``pip install
+--no-deps -e .``: ``paperlane.models`` lives in ./models, so PYTHONPATH alone cannot import it) and this
+folder on PYTHONPATH, for the sitecustomize fixes that spawned engine processes inherit; scripts/test
+does both.
 """
 
 from __future__ import annotations
@@ -20,10 +22,23 @@ import pytest
 from tests.services import ServiceError, free_port
 
 TIER = Path(__file__).resolve().parent
+REPO = TIER.parents[1]
 SERVED_NAME = "tiny-hunyuanocr"
 # The tiny model's context: a page's prompt is ~30 tokens.
 MAX_MODEL_LEN = 512
 MAX_TOKENS = 16
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The tier venv is shared by every clone on the machine: make sure it runs this one's code.
+    fix = f"run {sys.executable} -m pip install --no-deps -e {REPO} (scripts/test does)"
+    try:
+        import paperlane.models
+    except ImportError as exc:
+        raise pytest.UsageError(f"paperlane is not installed in the vLLM tier venv ({exc}): {fix}") from exc
+    installed = Path(paperlane.models.__file__).resolve().parent
+    if not installed.is_relative_to(REPO):
+        raise pytest.UsageError(f"the vLLM tier venv imports paperlane.models from {installed}, not {REPO}: {fix}")
 
 
 def tier_env() -> dict[str, str]:
@@ -53,13 +68,18 @@ class VllmServer:
 
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """The tier's server, scheduling by priority as the README's ``vllm serve`` command does."""
+    yield from _serve(tiny_model, tmp_path_factory.mktemp("vllm"), "--scheduling-policy", "priority")
+
+
+def _serve(model: Path, root: Path, *extra: str) -> Iterator[VllmServer]:
     port = free_port()
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model),
+    log = root / "server.log"
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
            "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(MAX_MODEL_LEN),
            "--max-num-seqs", "16", "--dtype", "float32", "--enforce-eager",
            "--limit-mm-per-prompt", '{"image":1}', "--served-model-name", SERVED_NAME,
-           "--no-enable-prefix-caching", "--mm-processor-cache-gb", "0"]
+           "--no-enable-prefix-caching", "--mm-processor-cache-gb", "0", *extra]
     proc = subprocess.Popen(cmd, env=tier_env(), stdout=log.open("wb"), stderr=subprocess.STDOUT,
                             start_new_session=True)
     server = VllmServer(f"http://127.0.0.1:{port}/v1", proc, log)
@@ -72,6 +92,12 @@ def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
+
+
+@pytest.fixture(scope="module")
+def fcfs_vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """A second server with vLLM's default scheduling (fcfs): no ``--scheduling-policy priority``."""
+    yield from _serve(tiny_model, tmp_path_factory.mktemp("vllm-fcfs"))
 
 
 def _wait_healthy(server: VllmServer, timeout: float) -> None:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
-from conftest import MAX_TOKENS, SERVED_NAME, VllmServer
+from conftest import MAX_MODEL_LEN, MAX_TOKENS, SERVED_NAME, VllmServer
 
 from paperlane.errors import EngineError, EngineOutputError, EngineUnavailable, UsageError
 from paperlane.models.engine import EngineOutput, EngineRequest
@@ -18,9 +19,10 @@ from tests.pages import render_page, sample_lines
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
-def _requests(engine, n: int, spec: TaskSpec = TaskSpec()) -> list[EngineRequest]:
-    return [EngineRequest(image=prepare(render_page(sample_lines(i)), engine.input_spec), spec=spec)
-            for i in range(n)]
+def _requests(engine, n: int, spec: TaskSpec = TaskSpec(), priorities: list[int] | None = None) -> list[EngineRequest]:
+    priorities = priorities or [0] * n
+    return [EngineRequest(image=prepare(render_page(sample_lines(i)), engine.input_spec), spec=spec,
+                          priority=priorities[i]) for i in range(n)]
 
 
 def _check_outputs(outcomes: list, n: int) -> None:
@@ -52,6 +54,56 @@ def test_server_engine_sends_a_micro_batch_concurrently(vllm_server: VllmServer)
         engine.close()
 
 
+def test_server_engine_keeps_the_default_max_tokens_within_max_model_len(vllm_server: VllmServer,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    # The issue: with max_tokens=4096 (the default) against --max-model-len 512 vLLM refused every page with
+    # HTTP 400 "max_tokens=4096 cannot be greater than max_model_len=512".
+    cfg = EngineSettings(kind="vllm", url=vllm_server.url)
+    assert cfg.max_tokens > MAX_MODEL_LEN
+    engine = build_engine(cfg)
+    with caplog.at_level(logging.INFO, logger="paperlane.models.vllm_server"):
+        engine.start()
+    try:
+        assert engine.max_model_len == MAX_MODEL_LEN and engine.max_tokens == MAX_MODEL_LEN
+        assert f"max_model_len {MAX_MODEL_LEN}), profile" in caplog.text
+        assert f"max_tokens {MAX_MODEL_LEN} (configured {cfg.max_tokens})" in caplog.text
+        outcomes = engine.infer(_requests(engine, 2, priorities=[0, 7]))
+        for out in outcomes:
+            assert isinstance(out, EngineOutput), out
+            assert out.usage is not None and out.usage.prompt_tokens > 0
+            # vLLM lowers max_tokens to what the prompt leaves of the context; the cut answer says so.
+            assert out.usage.prompt_tokens + out.usage.completion_tokens == MAX_MODEL_LEN and out.truncated
+    finally:
+        engine.close()
+
+
+def test_server_engine_sends_priorities_to_a_priority_server(vllm_server: VllmServer,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    engine = build_engine(EngineSettings(kind="vllm", url=vllm_server.url, max_tokens=MAX_TOKENS))
+    engine.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="paperlane.models.vllm_server"):
+            _check_outputs(engine.infer(_requests(engine, 10, priorities=list(range(10)))), 10)
+        assert engine.sends_priority and not caplog.records
+    finally:
+        engine.close()
+
+
+def test_server_engine_with_priorities_at_a_fcfs_server(fcfs_vllm_server: VllmServer,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    # vLLM 0.32 documents an error for a non-zero priority without --scheduling-policy priority, yet accepts
+    # and ignores it: pages succeed and the client keeps sending priorities (a refusal would cost one warning
+    # and a resend; tests/test_vllm_client.py covers that against the simulated engine).
+    engine = build_engine(EngineSettings(kind="vllm", url=fcfs_vllm_server.url, max_tokens=MAX_TOKENS))
+    engine.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="paperlane.models.vllm_server"):
+            _check_outputs(engine.infer(_requests(engine, 4, priorities=[5, 9, 1, 0])), 4)
+        assert engine.sends_priority and not caplog.records
+    finally:
+        engine.close()
+
+
 def test_server_engine_errors(vllm_server: VllmServer) -> None:
     down = build_engine(EngineSettings(kind="vllm", url="http://127.0.0.1:9/v1", startup_timeout=1))
     with pytest.raises(EngineUnavailable) as info:
@@ -62,24 +114,55 @@ def test_server_engine_errors(vllm_server: VllmServer) -> None:
     with pytest.raises(UsageError, match="not served"):
         wrong.start()
     wrong.close()
-    too_long = build_engine(EngineSettings(kind="vllm", url=vllm_server.url, max_tokens=100_000))
-    too_long.start()
-    try:
-        [outcome] = too_long.infer(_requests(too_long, 1))
-        assert isinstance(outcome, EngineError) and not outcome.retryable
-        assert "HTTP 400" in str(outcome)
-    finally:
-        too_long.close()
-
-
-def test_inprocess_engine(tiny_model: Path) -> None:
-    engine = build_engine(EngineSettings(kind="vllm-inprocess", model=str(tiny_model), max_tokens=MAX_TOKENS,
-                                         vllm_args={"max_model_len": 512, "max_num_seqs": 8, "dtype": "float32",
-                                                    "enforce_eager": True}))
+    engine = build_engine(EngineSettings(kind="vllm", url=vllm_server.url, max_tokens=MAX_TOKENS))
     engine.start()
+    try:
+        # A prompt longer than the context is refused for that page only, for good.
+        keys = tuple(f"field_number_{i}" for i in range(200))
+        too_long, fine = engine.infer([*_requests(engine, 1, TaskSpec(task=Task.FIELDS, fields=keys)),
+                                       *_requests(engine, 1)])
+        assert isinstance(too_long, EngineError) and not too_long.retryable
+        assert "HTTP 400" in str(too_long) and "maximum context length" in str(too_long)
+        assert isinstance(fine, EngineOutput)
+    finally:
+        engine.close()
+
+
+def test_inprocess_engine(tiny_model: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # One sequence at a time, so that pages queue inside the engine and their priority decides the order.
+    engine = build_engine(EngineSettings(kind="vllm-inprocess", model=str(tiny_model), max_tokens=MAX_TOKENS,
+                                         vllm_args={"max_model_len": MAX_MODEL_LEN, "max_num_seqs": 1,
+                                                    "dtype": "float32", "enforce_eager": True}))
+    with caplog.at_level(logging.INFO, logger="paperlane.models.vllm_inprocess"):
+        engine.start()
+    assert f"max_tokens {MAX_TOKENS}, scheduling priority)" in caplog.text  # priority unless vllm_args say not
     try:
         _check_outputs(engine.infer(_requests(engine, 4)), 4)
         assert engine.info.name == "vllm-inprocess"
+        # Five batch pages, then one interactive page, submitted together: it overtakes all but the first.
+        outcomes = engine.infer(_requests(engine, 6, priorities=[9, 9, 9, 9, 9, 0]))
+        _check_outputs(outcomes, 6)
+        finished = sorted(range(6), key=lambda i: outcomes[i].seconds)
+        assert finished.index(5) <= 1, [round(outcomes[i].seconds, 3) for i in range(6)]
+    finally:
+        engine.close()
+
+
+def test_inprocess_engine_keeps_max_tokens_within_max_model_len(tiny_model: Path,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    cfg = EngineSettings(kind="vllm-inprocess", model=str(tiny_model),
+                         vllm_args={"max_model_len": MAX_MODEL_LEN, "max_num_seqs": 2, "dtype": "float32",
+                                    "enforce_eager": True, "scheduling_policy": "fcfs"})
+    assert cfg.max_tokens > MAX_MODEL_LEN
+    engine = build_engine(cfg)
+    with caplog.at_level(logging.INFO, logger="paperlane.models.vllm_inprocess"):
+        engine.start()
+    assert f"max_model_len {MAX_MODEL_LEN}, max_tokens {MAX_MODEL_LEN}, scheduling fcfs)" in caplog.text
+    try:
+        assert engine.max_tokens == MAX_MODEL_LEN
+        [out] = engine.infer(_requests(engine, 1, priorities=[3]))
+        assert isinstance(out, EngineOutput) and out.usage is not None
+        assert out.usage.prompt_tokens + out.usage.completion_tokens == MAX_MODEL_LEN and out.truncated
     finally:
         engine.close()
 

@@ -1,0 +1,169 @@
+"""The vLLM server client against a real HTTP server with vLLM's shape (tests/sim_engine.py): the served
+context length, priorities, and the way the server's refusals become page outcomes.
+
+The simulated engine answers like ``vllm serve``: 400 for ``max_tokens`` above ``max_model_len`` ("max_tokens=4096
+cannot be greater than max_model_len=..."), 400 for a non-zero ``priority`` without
+``--scheduling-policy priority`` ("Got priority 5 but Priority scheduling is not enabled.", as vLLM's V0
+engine and its documentation word it; vLLM 0.32 itself accepts and ignores such a priority, see
+tests/vllm_tier), and a context that cuts answers with ``finish_reason: "length"``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from paperlane.errors import EngineError, EngineUnavailable
+from paperlane.models.engine import EngineOutput, EngineRequest
+from paperlane.models.vllm_server import VllmServerEngine
+from paperlane.schemas import Task, TaskSpec
+from paperlane.settings import EngineSettings
+from paperlane.workers.preprocess import prepare
+from tests.pages import render_page, sample_lines
+from tests.sim_engine import DEFAULT_MAX_MODEL_LEN, SimEngine, start_sim_engine
+
+LOGGER = "paperlane.models.vllm_server"
+LATENCY = 0.05
+
+SimFactory = Callable[..., SimEngine]
+EngineFactory = Callable[..., VllmServerEngine]
+
+
+@pytest.fixture
+def sim_factory(tmp_path: Path) -> Iterator[SimFactory]:
+    """Starts simulated engines (priority scheduling unless said otherwise, as the README's ``vllm serve``
+    command) and stops them after the test."""
+    started: list[SimEngine] = []
+
+    def start(*, slots: int = 4, latency: float = LATENCY, scheduling_policy: str = "priority",
+              max_model_len: int = DEFAULT_MAX_MODEL_LEN) -> SimEngine:
+        sim = start_sim_engine(tmp_path / f"sim{len(started)}", slots=slots, latency=latency,
+                               scheduling_policy=scheduling_policy, max_model_len=max_model_len)
+        started.append(sim)
+        return sim
+
+    yield start
+    for sim in started:
+        sim.stop()
+
+
+@pytest.fixture
+def engine_factory() -> Iterator[EngineFactory]:
+    """Started clients of a server, closed after the test."""
+    engines: list[VllmServerEngine] = []
+
+    def start(url: str, *, max_tokens: int = EngineSettings().max_tokens) -> VllmServerEngine:
+        engine = VllmServerEngine(EngineSettings(kind="vllm", url=url, startup_timeout=30, max_tokens=max_tokens))
+        engines.append(engine)
+        engine.start()
+        return engine
+
+    yield start
+    for engine in engines:
+        engine.close()
+
+
+def _requests(engine: VllmServerEngine, priorities: list[int], spec: TaskSpec = TaskSpec()) -> list[EngineRequest]:
+    return [EngineRequest(image=prepare(render_page(sample_lines(i)), engine.input_spec), spec=spec, priority=p)
+            for i, p in enumerate(priorities)]
+
+
+def _outputs(outcomes: list[object]) -> list[EngineOutput]:
+    assert all(isinstance(o, EngineOutput) for o in outcomes), outcomes
+    return [o for o in outcomes if isinstance(o, EngineOutput)]
+
+
+# --- the served context length -------------------------------------------------------------------------------
+
+
+def test_default_max_tokens_is_kept_within_max_model_len(sim_factory: SimFactory, engine_factory: EngineFactory,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    # A page's prompt is ~690 tokens here and its answer several hundred more: 1024 cuts every answer.
+    sim = sim_factory(max_model_len=1024)
+    assert EngineSettings().max_tokens == 4096
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        engine = engine_factory(sim.url)
+    assert engine.max_model_len == 1024 and engine.max_tokens == 1024
+    assert "max_model_len 1024" in caplog.text and "max_tokens 1024 (configured 4096)" in caplog.text
+    for out in _outputs(engine.infer(_requests(engine, [0, 5]))):
+        assert out.usage is not None and out.usage.prompt_tokens + out.usage.completion_tokens == 1024
+        assert out.truncated  # cut where the context ends: flagged, never passed off as complete
+    assert [r["status"] for r in sim.requests()] == [200, 200]
+
+
+def test_a_smaller_max_tokens_is_kept(sim_factory: SimFactory, engine_factory: EngineFactory) -> None:
+    sim = sim_factory(max_model_len=32768)
+    engine = engine_factory(sim.url, max_tokens=40)
+    assert engine.max_model_len == 32768 and engine.max_tokens == 40
+    [out] = _outputs(engine.infer(_requests(engine, [3])))
+    assert out.truncated and out.usage is not None and out.usage.completion_tokens == 40
+    [whole] = _outputs(engine_factory(sim.url, max_tokens=32768 * 2).infer(_requests(engine, [3])))
+    assert not whole.truncated and whole.text  # the full context leaves room for the whole answer
+
+
+# --- priorities ----------------------------------------------------------------------------------------------
+
+
+def test_each_page_carries_its_priority(sim_factory: SimFactory, engine_factory: EngineFactory,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    # One slot: the first page to arrive runs, the rest wait, and the server serves the waiting by priority.
+    sim = sim_factory(slots=1, latency=0.3)
+    engine = engine_factory(sim.url)
+    priorities = [9, 8, 7, 6, 5, 0]
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        _outputs(engine.infer(_requests(engine, priorities)))
+    assert engine.sends_priority and not caplog.records
+    log = sim.requests()
+    assert sorted(r["priority"] for r in log) == sorted(priorities) and all(r["status"] == 200 for r in log)
+    waited = [r["priority"] for r in log[1:]]  # in the order the server finished them
+    assert waited == sorted(waited), waited
+
+
+def test_a_server_refusing_priorities_gets_pages_without_them(sim_factory: SimFactory, engine_factory: EngineFactory,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    sim = sim_factory(scheduling_policy="fcfs")
+    engine = engine_factory(sim.url)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        _outputs(engine.infer(_requests(engine, [5, 6, 7, 0])))  # sent together: each non-zero one is refused
+        first = sim.requests()
+        _outputs(engine.infer(_requests(engine, [9, 1, 5])))
+        second = sim.requests()[len(first):]
+    [warning] = caplog.records
+    assert "Priority scheduling is not enabled" in warning.getMessage()
+    assert "--scheduling-policy priority" in warning.getMessage()
+    assert not engine.sends_priority
+    refused = [r for r in first if r["status"] == 400]
+    assert 1 <= len(refused) <= 3 and all(r["priority"] in (5, 6, 7) for r in refused)
+    assert all("Got priority" in r["error"] for r in refused)
+    answered = [r for r in first if r["status"] == 200]
+    assert len(answered) == 4 and all(r["priority"] == 0 for r in answered)  # resent without it
+    # From then on: one call per page, none with a priority.
+    assert [(r["status"], r["priority"]) for r in second] == [(200, 0)] * 3
+
+
+def test_a_page_with_priority_zero_never_needs_the_fallback(sim_factory: SimFactory,
+                                                            engine_factory: EngineFactory) -> None:
+    sim = sim_factory(scheduling_policy="fcfs")
+    engine = engine_factory(sim.url)
+    _outputs(engine.infer(_requests(engine, [0, 0])))
+    assert engine.sends_priority and [r["status"] for r in sim.requests()] == [200, 200]
+
+
+# --- other refusals keep their meaning -----------------------------------------------------------------------
+
+
+def test_refusals_and_outages_become_page_outcomes(sim_factory: SimFactory, engine_factory: EngineFactory) -> None:
+    sim = sim_factory(max_model_len=2048, scheduling_policy="fcfs")
+    engine = engine_factory(sim.url)
+    keys = tuple(f"field number {i} of a very long form" for i in range(300))  # a prompt beyond the context
+    too_long, fine = engine.infer([*_requests(engine, [5], TaskSpec(task=Task.FIELDS, fields=keys)),
+                                   *_requests(engine, [5])])
+    assert isinstance(too_long, EngineError) and not isinstance(too_long, EngineUnavailable)
+    assert not too_long.retryable and "HTTP 400" in str(too_long) and "maximum context length" in str(too_long)
+    assert isinstance(fine, EngineOutput)
+    sim.stop()
+    [down] = engine.infer(_requests(engine, [0]))
+    assert isinstance(down, EngineUnavailable) and down.retryable
