@@ -1,14 +1,15 @@
-"""Shared by the benchmarks: realistic pages, the real services, a simulated GPU engine, worker processes.
+"""Shared by the benchmarks: realistic pages, the real services, real paperlane processes, their CPU time.
 
-The simulated engine lives here, not in the product: it stands in for a GPU running HunyuanOCR so a
-2-core machine can measure everything AROUND the model (preprocessing, queueing, storing) at GPU
-speed. It sleeps (no CPU) for a fixed time per micro-batch and answers with realistic lines.
+The GPU is simulated by ``tests/sim_engine.py``, a separate OpenAI-compatible server with vLLM's
+shape (slots, a fixed time per request, a waiting queue), driven through the production
+``--engine vllm`` client: everything paperlane does around the model is real and measured.
+Workers and ``paperlane run`` are started in sessions of their own, so each one's process group is
+that process and its CPU pool, and ``group_cpu_seconds`` reads what they all spent.
 """
 
 from __future__ import annotations
 
 import io
-import json
 import os
 import random
 import signal
@@ -16,7 +17,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,9 +28,7 @@ import numpy as np  # noqa: E402
 import psycopg2  # noqa: E402
 from PIL import Image, ImageDraw, ImageFont  # noqa: E402
 
-from paperlane.models.engine import Capacity, EngineOutput, EngineRequest, InputSpec, Outcome  # noqa: E402
 from paperlane.models.profiles import get_profile  # noqa: E402
-from paperlane.schemas import EngineInfo, Line  # noqa: E402
 from tests import services  # noqa: E402
 from tests.pages import WORDS  # noqa: E402
 
@@ -61,50 +59,12 @@ def with_comment(jpeg: bytes, n: int) -> bytes:
 
 
 def small_page(i: int) -> bytes:
+    """A receipt-sized page (620x180 JPEG): cheap to queue by the ten thousand."""
     img = Image.new("L", (620, 180), 250)
     ImageDraw.Draw(img).text((20, 60), f"Receipt {i} total {i % 97}.50", fill=0, font=ImageFont.load_default(size=36))
     buf = io.BytesIO()
     img.save(buf, format="JPEG", quality=90)
     return buf.getvalue()
-
-
-class SimEngine:
-    """A GPU stand-in: ``latency`` seconds per micro-batch, whatever its size, and no CPU use."""
-
-    def __init__(self, *, latency: float, batch_size: int, batches_in_flight: int = 1, lines: int = 40) -> None:
-        self.latency = latency
-        self._capacity = Capacity(batch_size=batch_size, batches_in_flight=batches_in_flight)
-        self._lines = lines
-
-    @property
-    def info(self) -> EngineInfo:
-        return EngineInfo(name="sim-gpu", version="0", model=f"{self.latency * 1000:.0f} ms per batch")
-
-    @property
-    def input_spec(self) -> InputSpec:
-        return HUNYUAN_SPEC
-
-    @property
-    def capacity(self) -> Capacity:
-        return self._capacity
-
-    def start(self) -> None:
-        pass
-
-    def infer(self, requests: Sequence[EngineRequest]) -> list[Outcome]:
-        time.sleep(self.latency)
-        return [self._answer(r) for r in requests]
-
-    def _answer(self, req: EngineRequest) -> EngineOutput:
-        w, h = req.image.width, req.image.height
-        step = h / (self._lines + 2)
-        lines = [Line(text=f"line {i} of the page", quad=[(w * 0.1, step * (i + 1)), (w * 0.8, step * (i + 1)),
-                                                        (w * 0.8, step * (i + 1.6)), (w * 0.1, step * (i + 1.6))])
-                 for i in range(self._lines)]
-        return EngineOutput(text="\n".join(ln.text for ln in lines), lines=lines)
-
-    def close(self) -> None:
-        pass
 
 
 @dataclass
@@ -119,6 +79,7 @@ class Services:
 
 
 def start_services(root: Path) -> Services:
+    """Private Redis, PostgreSQL and SeaweedFS S3 on free loopback ports, as the tests start them."""
     return Services(services.start_redis(root / "redis"), services.start_postgres(root / "pg"),
                     services.start_seaweedfs(root / "s3"))
 
@@ -141,49 +102,68 @@ def write_config(svc: Services, root: Path, **overrides: str) -> Path:
     return path
 
 
-def start_sim_worker(config: Path, log: Path, **engine: float | int) -> subprocess.Popen:
-    """A real paperlane worker process (Celery, Redis, Postgres, S3) whose engine is a ``SimEngine``."""
-    proc = subprocess.Popen([sys.executable, str(Path(__file__)), str(config), json.dumps(engine)],
-                            stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 120
+PAPERLANE = [sys.executable, "-m", "paperlane"]
+
+
+def start_worker(config: Path, log: Path, engine_url: str, *, timeout: float = 120) -> subprocess.Popen[bytes]:
+    """A real ``paperlane worker --engine vllm`` process, in a session of its own; returns once it is ready.
+
+    Its process group (pgid = its pid) is the worker and its CPU pool: what ``group_cpu_seconds`` reads.
+    """
+    proc = subprocess.Popen([*PAPERLANE, "--config", str(config), "worker", "--engine", "vllm", "--engine-url",
+                             engine_url], cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    deadline = time.monotonic() + timeout
     while "ready." not in log.read_text(errors="replace"):
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"worker did not start:\n{log.read_text()[-2000:]}")
-        time.sleep(0.2)
+            stop(proc)
+            raise RuntimeError(f"worker did not start:\n{log.read_text(errors='replace')[-3000:]}")
+        time.sleep(0.02)  # the benchmark's clock starts at "ready": notice it within a few ms
     return proc
 
 
-def stop(proc: subprocess.Popen) -> None:
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the process group of ``proc`` (started in its own session), SIGKILL if it lingers."""
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
 
 
-def _worker_main(config: str, engine_json: str) -> None:
-    import logging
+def group_cpu(pgid: int) -> dict[int, float]:
+    """CPU seconds (user + system) of each live process in process group ``pgid``, by pid.
 
-    from paperlane.priority.broker import make_celery
-    from paperlane.settings import load_settings
-    from paperlane.workers.pipeline import Runtime
-    from paperlane.workers.tasks import register_tasks
+    Each process counts with the children it has already reaped (``cutime``/``cstime``), so a pool
+    process that was replaced still counts once it was waited for. Read from ``/proc/<pid>/stat``.
+    """
+    tick = os.sysconf("SC_CLK_TCK")
+    found = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:  # the process ended while we looked
+            continue
+        # Fields after the command name (which may hold spaces and parentheses): state, ppid, pgrp, ...
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid:
+            found[int(entry.name)] = sum(int(v) for v in fields[11:15]) / tick  # utime, stime, cutime, cstime
+    return found
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    for noisy in ("celery.worker.strategy", "celery.app.trace", "botocore", "kombu",
-                  "celery.worker.consumer.consumer"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    settings = load_settings(Path(config))
-    rt = Runtime.start(settings, engine=SimEngine(**json.loads(engine_json)))
-    app = make_celery(settings)
-    register_tasks(app, rt)
-    try:
-        app.worker_main(["worker", "--pool=threads", f"--concurrency={rt.slots}", "--without-gossip",
-                         "--without-mingle", "--loglevel=INFO", "-Q", "paperlane.interactive,paperlane.batch"])
-    finally:
-        rt.close()
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of one live process."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-if __name__ == "__main__":
-    _worker_main(sys.argv[1], sys.argv[2])
+def machine_cpu() -> tuple[float, float]:
+    """(busy, elapsed) CPU seconds of the whole machine, summed over cores, from ``/proc/stat``."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    idle = values[3] + values[4]  # idle, iowait
+    tick = os.sysconf("SC_CLK_TCK")
+    return (sum(values) - idle) / tick, sum(values) / tick

@@ -1,92 +1,229 @@
 """How much of a GPU engine's speed the whole system delivers: throughput / the engine's own throughput.
 
-A real worker process (Celery on Redis, Postgres, SeaweedFS S3, the CPU preprocessing pool, the
-micro-batcher, annotated images, result JSON) runs with a simulated GPU engine (benchmarks/common.py:
-a fixed latency per micro-batch and no CPU use), so everything measured is what paperlane adds
-around the model. N A4 300 dpi scans are queued first; the clock runs from the worker being ready
-to the last page stored. The engine alone would do batch_size / latency pages per second; the
-seed deployment delivered 450 of every 650 ms per page (0.69).
+The engine is the simulated vLLM server (tests/sim_engine.py, a process of its own): --slots
+sequences at once, --latency seconds each, a waiting queue; 16 x 0.32 s = 50 pages/s by default.
+paperlane drives it through the production ``--engine vllm`` client, so base64, JSON, HTTP and
+answer parsing are inside the measurement, as are preprocessing, post-processing, rendering and
+storing.
 
-Last line: ``engine_utilisation=<system pages/s / engine pages/s>``.
+Default: a real ``paperlane worker`` (Celery on Redis, Postgres, SeaweedFS S3, its CPU pool), all
+services on this machine. --pages A4 300 dpi scans are queued first (untimed); the clock runs from
+the worker being ready to the last page stored. CPU is the worker's process group (the worker and
+its pool) over the same window: everything spent outside the engine, from fetching the original
+to the stored result (target: 40 ms per page).
+
+--embedded: the same scans in a folder, processed by ``paperlane run DIR --engine vllm`` on the
+embedded stack (SQLite and a local folder, no services). The clock runs from the first request the
+engine sees to the last page's result written to --out: the run's start-up (imports, the pool's
+processes, the database) and its exit are one-time costs that say nothing about throughput. The
+window leaves out the first page's read and preprocessing (one page of pipeline fill, ~0.1 s of
+a 20+ s window) and includes the last page's post-processing and writing. CPU is the run's process
+group from the first request to its exit (reading inputs and storing originals included: in a run
+they are part of every page).
+
+Last line: ``engine_utilisation=`` (``embedded_engine_utilisation=``) ``<system pages/s / engine pages/s>``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from common import a4_scan, start_services, start_sim_worker, stop, with_comment, write_config
+from common import (
+    PAPERLANE,
+    a4_scan,
+    group_cpu,
+    machine_cpu,
+    process_cpu,
+    start_services,
+    start_worker,
+    stop,
+    with_comment,
+    write_config,
+)
 from sqlalchemy import func, select
 
 from paperlane.priority.broker import make_celery
 from paperlane.priority.lanes import Lane
 from paperlane.producer.inputs import PageInput
 from paperlane.producer.submit import CeleryPublisher, submit_pages
+from paperlane.report import stage_report
 from paperlane.schemas import TaskSpec
 from paperlane.settings import load_settings
+from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
 from paperlane.storage.objects import open_store
 from paperlane.storage.tables import JobRow
+from tests.sim_engine import SimEngine, start_sim_engine
+
+# Above the max_tokens the client sends (4096) until the client reads max_model_len from /v1/models.
+MAX_MODEL_LEN = 32768
+
+
+@dataclass
+class Probe:
+    """Clocks read at one end of the window."""
+
+    at: float  # epoch seconds
+    cpu: dict[int, float]  # the paperlane process group's CPU seconds by pid
+    engine_cpu: float
+    machine: tuple[float, float]
+
+    @classmethod
+    def read(cls, pgid: int, sim: SimEngine, *, at: float | None = None) -> Probe:
+        return cls(at or time.time(), group_cpu(pgid), process_cpu(sim.pid), machine_cpu())
+
+
+@dataclass
+class Window:
+    """What one measured run did between the two ends of its clock."""
+
+    pages: int
+    failed: int
+    seconds: float
+    cpu_s: float  # the paperlane process group's CPU over the window
+    engine: dict[str, Any]  # the sim server's stats at the end
+    engine_cpu_s: float
+    machine_busy: float  # share of all cores busy over the window
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--pages", type=int, default=160)
-    p.add_argument("--batch", type=int, default=8, help="pages per micro-batch")
-    p.add_argument("--latency", type=float, default=1.6, help="simulated seconds per micro-batch")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pages", type=int, default=1000, help="A4 300 dpi scans (1000: 20 s at 50 pages/s)")
+    p.add_argument("--slots", type=int, default=16, help="the engine's sequences at once (vLLM --max-num-seqs)")
+    p.add_argument("--latency", type=float, default=0.32, help="seconds each page holds an engine slot")
     p.add_argument("--processes", type=int, default=2, help="CPU preprocessing processes")
-    p.add_argument("--log", help="keep the worker's log here")
+    p.add_argument("--embedded", action="store_true", help="measure `paperlane run` instead of a worker")
+    p.add_argument("--log", help="keep the worker's (or the run's) log here")
     args = p.parse_args()
-    engine_rate = args.batch / args.latency
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        svc = start_services(root)
+        scans = [a4_scan(i) for i in range(8)]
+        pages = (with_comment(scans[i % 8], i) for i in range(args.pages))
+        sim = start_sim_engine(root / "sim", slots=args.slots, latency=args.latency, max_model_len=MAX_MODEL_LEN)
         try:
-            config = write_config(svc, root, WORKER__PREPROCESS_PROCESSES=str(args.processes))
-            settings = load_settings(config)
-            db = Database(settings.database_url)
-            db.upgrade()
-            scans = [a4_scan(i) for i in range(8)]
-            pages = (PageInput(source=f"scan{i}.jpg", name=f"scan{i}", page=1, data=with_comment(scans[i % 8], i),
-                               ext=".jpg") for i in range(args.pages))
-            t_sub = time.perf_counter()
-            ids = [s.job.id for s in submit_pages(pages, db=db, store=open_store(settings), spec=TaskSpec(),
-                                                  lane=Lane.BATCH, publisher=CeleryPublisher(make_celery(settings)))]
-            print(f"queued {len(ids)} A4 scans in {time.perf_counter() - t_sub:.1f}s")
-            worker = start_sim_worker(config, root / "worker.log", latency=args.latency, batch_size=args.batch)
-            (root / "keep").write_text(str(root))
-            t0 = time.perf_counter()
-            t_ready = time.time()
-            try:
-                while _finished(db) < len(ids):
-                    time.sleep(0.2)
-                wall = time.perf_counter() - t0
-            finally:
-                stop(worker)
-            failed = _finished(db, status="failed")
-            print(*[ln for ln in (root / "worker.log").read_text().splitlines() if "engine ran" in ln], sep="\n")
-            if args.log:
-                Path(args.log).write_text((root / "worker.log").read_text())
-            first, last = _span(db)
-            print(f"first page stored after {first - t_ready:.2f}s")
+            window = run_embedded(args, root, pages, sim) if args.embedded else run_worker(args, root, pages, sim)
         finally:
-            svc.stop()
-    rate = len(ids) / wall
-    print(f"engine alone: {engine_rate:.2f} pages/s ({args.batch} pages per {args.latency:.2f}s batch)")
-    print(f"system:       {rate:.2f} pages/s ({len(ids)} pages in {wall:.1f}s, {failed} failed)")
-    print(f"engine_utilisation={rate / engine_rate:.3f}")
+            sim.stop()
+            if args.log and (root / "paperlane.log").exists():
+                Path(args.log).write_bytes((root / "paperlane.log").read_bytes())
+    report(window, sim, prefix="embedded_" if args.embedded else "")
     return 0
 
 
-def _span(db: Database) -> tuple[float, float]:
+def run_worker(args: argparse.Namespace, root: Path, pages: Iterator[bytes], sim: SimEngine) -> Window:
+    """Queue the pages, start a worker, time it from ready to the last page stored."""
+    svc = start_services(root)
+    try:
+        config = write_config(svc, root, WORKER__PREPROCESS_PROCESSES=str(args.processes))
+        settings = load_settings(config)
+        db = Database(settings.database_url)
+        db.upgrade()
+        t0 = time.perf_counter()
+        inputs = (PageInput(source=f"scan{i}.jpg", name=f"scan{i}", page=1, data=data, ext=".jpg")
+                  for i, data in enumerate(pages))
+        ids = [s.job.id for s in submit_pages(inputs, db=db, store=open_store(settings), spec=TaskSpec(),
+                                              lane=Lane.BATCH, publisher=CeleryPublisher(make_celery(settings)))]
+        print(f"queued {len(ids)} A4 scans in {time.perf_counter() - t0:.1f}s (untimed)")
+        worker = start_worker(config, root / "paperlane.log", sim.url)
+        try:
+            start = Probe.read(worker.pid, sim)
+            while _count(db) < len(ids):
+                time.sleep(0.5)
+            end = Probe.read(worker.pid, sim, at=_last_finished(db))
+        finally:
+            stop(worker)
+        _print_stages(db)
+        failed = _count(db, "failed")
+    finally:
+        svc.stop()
+    main_s = end.cpu.get(worker.pid, 0.0) - start.cpu.get(worker.pid, 0.0)
+    total_s = sum(end.cpu.values()) - sum(start.cpu.values())
+    print(f"worker CPU per page: main process {main_s * 1000 / len(ids):.1f} ms, "
+          f"pool {(total_s - main_s) * 1000 / len(ids):.1f} ms")
+    return _window(len(ids), failed, start, end, sim)
+
+
+def run_embedded(args: argparse.Namespace, root: Path, pages: Iterator[bytes], sim: SimEngine) -> Window:
+    """Write the pages to a folder, ``paperlane run`` it; time from the first request to the last page written."""
+    src, out = root / "scans", root / "out"
+    src.mkdir()
+    for i, data in enumerate(pages):
+        (src / f"scan{i:05d}.jpg").write_bytes(data)
+    config = root / "embedded.env"
+    config.write_text(f"PAPERLANE_DATA_DIR={root / 'data'}\nPAPERLANE_WORKER__PREPROCESS_PROCESSES={args.processes}\n")
+    t0 = time.time()
+    proc = subprocess.Popen([*PAPERLANE, "--config", str(config), "run", str(src), "--out", str(out), "--engine",
+                             "vllm", "--engine-url", sim.url], stdout=(root / "paperlane.log").open("wb"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        while sim.stats(per_image=False)["requests"] == 0:
+            if proc.poll() is not None:
+                raise RuntimeError(f"paperlane run exited early:\n{(root / 'paperlane.log').read_text()[-3000:]}")
+            time.sleep(0.05)
+        start = Probe.read(proc.pid, sim)
+        # wait4, not wait: the rusage of the run process includes its pool, which it reaped at exit.
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    finally:
+        stop(proc)
+    results = [json.loads(p.read_text()) for p in out.glob("*.json")]
+    first = sim.stats(per_image=False)["first_start"]
+    print(f"paperlane run exited {proc.returncode}; start-up {first - t0:.1f}s before the first page reached "
+          f"the engine")
+    _print_timings([r["timings"] for r in results])
+    end = Probe(max(p.stat().st_mtime for p in out.iterdir()), {proc.pid: usage.ru_utime + usage.ru_stime},
+                process_cpu(sim.pid), machine_cpu())
+    start.at = first
+    return _window(len(results), sum(r["status"] == "failed" for r in results), start, end, sim)
+
+
+def _window(pages: int, failed: int, start: Probe, end: Probe, sim: SimEngine) -> Window:
+    busy = end.machine[0] - start.machine[0], end.machine[1] - start.machine[1]
+    return Window(pages, failed, end.at - start.at, sum(end.cpu.values()) - sum(start.cpu.values()),
+                  sim.stats(per_image=False), end.engine_cpu - start.engine_cpu, busy[0] / busy[1])
+
+
+def report(w: Window, sim: SimEngine, *, prefix: str) -> None:
+    e = w.engine
+    rate = w.pages / w.seconds
+    print(f"engine alone: {sim.rate:.2f} pages/s ({sim.slots} slots x {sim.latency:.2f}s)")
+    print(f"system:       {rate:.2f} pages/s ({w.pages} pages in {w.seconds:.1f}s, {w.failed} failed)")
+    print(f"engine busy:  {e['busy_slot_seconds'] / (sim.slots * w.seconds):.3f} of its slot-seconds; "
+          f"{e['requests']} requests, peak {e['peak_running']} running and {e['peak_waiting']} waiting")
+    print(f"machine CPU:  {w.machine_busy:.0%} of {os.cpu_count()} cores busy over the window; the sim server "
+          f"{w.engine_cpu_s * 1000 / max(1, e['requests']):.1f} ms per request")
+    print(f"cpu_ms_per_page={w.cpu_s * 1000 / w.pages:.1f}")
+    print(f"{prefix}engine_utilisation={rate / sim.rate:.3f}")
+
+
+def _print_stages(db: Database) -> None:
     with db.session() as s:
-        lo, hi = s.execute(select(func.min(JobRow.finished_at), func.max(JobRow.finished_at))).one()
-    return lo.timestamp(), hi.timestamp()
+        rows = s.scalars(select(JobRow).where(JobRow.finished_at.is_not(None))).all()
+    _print_timings([jobstore.job_timings(r) for r in rows])
 
 
-def _finished(db: Database, status: str | None = None) -> int:
+def _print_timings(timings: list[dict[str, float]]) -> None:
+    """Per-stage wall time, as ``paperlane report`` prints it."""
+    print("stage         p50 ms   p95 ms  share")
+    for r in stage_report(timings):
+        print(f"{r.stage:<12} {r.p50 * 1000:7.0f}  {r.p95 * 1000:7.0f}  {r.share:5.1%}")
+
+
+def _last_finished(db: Database) -> float:
+    with db.session() as s:
+        return float(s.scalar(select(func.max(JobRow.finished_at))).timestamp())
+
+
+def _count(db: Database, status: str | None = None) -> int:
     with db.session() as s:
         q = select(func.count()).select_from(JobRow)
         q = q.where(JobRow.status == status) if status else q.where(JobRow.status.in_(("succeeded", "failed")))
