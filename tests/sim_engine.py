@@ -398,6 +398,10 @@ class SimServer:
             "parent": None, "max_model_len": self.opts.max_model_len}]}
 
     def stats(self, *, per_image: bool = True) -> dict[str, Any]:
+        """Totals since start. ``requests`` counts every chat request, ``rejected`` the refused ones (4xx),
+        ``aborted`` those whose client went away; ``busy_slot_seconds`` includes the running ones up to
+        ``now``; times are epoch seconds. ``per_image``: requests that reached the queue (not refused) by
+        the sha1 of their image data URL, whatever became of them: the log says which completed."""
         s = self.sched
         out: dict[str, Any] = {
             "slots": s.slots, "latency": s.latency, "policy": "priority" if s.priority else "fcfs",
