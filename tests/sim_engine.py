@@ -11,8 +11,10 @@ bottleneck is:
   ``fcfs``. No preemption: a waiting urgent request takes the next free slot, as in vLLM.
 - A client that disconnects aborts its request (its slot or queue place is freed), as in vLLM.
 - ``GET /health``, ``GET /version``, ``GET /v1/models`` (with ``max_model_len``) and
-  ``POST /v1/chat/completions`` with vLLM's answers and its HTTP 400s (``max_tokens`` above
-  ``max_model_len``, a non-zero ``priority`` without priority scheduling, an unknown model).
+  ``POST /v1/chat/completions`` with vLLM's answers and its refusals: HTTP 400 for ``max_tokens``
+  above ``max_model_len`` or a prompt that fills the context (vLLM 0.32's words), for a non-zero
+  ``priority`` without priority scheduling (as releases before 0.32 did: 0.32 accepts and ignores
+  it, so this is the stricter server a client must survive), 404 for an unknown model.
 - The answer is what HunyuanOCR 1.0 would say for the prompt paperlane sent (its prompts are
   recognised from ``paperlane.models.profiles``): ~40 lines in the ``text(x1,y1),(x2,y2)`` spotting
   format with boxes normalised to 0..1000, markdown for parse, JSON for fields, plain text
@@ -248,11 +250,12 @@ def _spotting(lines: list[str], rnd: random.Random, *, json_format: bool) -> str
 
 
 class BadRequest(Exception):
-    """An OpenAI-style error answer, worded as vLLM words it."""
+    """An OpenAI-style error answer, worded as vLLM 0.32 words it: a validation error names the
+    parameter and the value it refused at the end of its message, and in ``param``."""
 
     def __init__(self, message: str, *, status: int = 400, kind: str = "BadRequestError",
-                 param: str | None = None) -> None:
-        super().__init__(message)
+                 param: str | None = None, value: object = None) -> None:
+        super().__init__(f"{message} (parameter={param}, value={value})" if param and value is not None else message)
         self.status, self.kind, self.param = status, kind, param
 
     def body(self) -> dict[str, Any]:
@@ -275,19 +278,19 @@ class Chat:
 def read_chat(body: dict[str, Any], *, model: str, max_model_len: int, priority_scheduling: bool) -> Chat:
     """Validate a chat request as vLLM's OpenAI server does; raises ``BadRequest``."""
     if body.get("model") not in (None, model):
-        raise BadRequest(f"The model `{body.get('model')}` does not exist.", status=404, kind="NotFoundError",
-                         param="model")
+        raise BadRequest(f"The model `{body.get('model')}` does not exist.", status=404, kind="NotFoundError")
     max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
     if max_tokens is not None:
         if not isinstance(max_tokens, int) or max_tokens < 1:
-            raise BadRequest(f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
+            raise BadRequest(f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens",
+                             value=max_tokens)
         if max_tokens > max_model_len:
             raise BadRequest(f"max_tokens={max_tokens} cannot be greater than max_model_len={max_model_len}. "
-                             f"Please request fewer output tokens.", param="max_tokens")
+                             f"Please request fewer output tokens.", param="max_tokens", value=max_tokens)
     priority = body.get("priority", 0)
     if not isinstance(priority, int):
         raise BadRequest(f"priority must be an integer, got {priority!r}", param="priority")
-    if priority != 0 and not priority_scheduling:
+    if priority != 0 and not priority_scheduling:  # as vLLM releases before 0.32 did; 0.32 ignores it
         raise BadRequest(f"Got priority {priority} but Priority scheduling is not enabled.")
     text, url = _user_parts(body.get("messages"))
     width = height = 0
@@ -295,9 +298,10 @@ def read_chat(body: dict[str, Any], *, model: str, max_model_len: int, priority_
         width, height = image_size(url)
     prompt_tokens = (-(-width // _PATCH)) * (-(-height // _PATCH)) + len(text) // 4 + 12
     if prompt_tokens >= max_model_len:
-        raise BadRequest(f"This model's maximum context length is {max_model_len} tokens. However, your request has "
-                         f"{prompt_tokens} input tokens. Please reduce the length of the input messages.",
-                         param="input_tokens")
+        raise BadRequest(f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
+                         f"contains {prompt_tokens} input tokens, which exceeds this limit even without any output "
+                         f"tokens. Please reduce the length of the input prompt.", param="input_tokens",
+                         value=prompt_tokens)
     sha = hashlib.sha1(url.encode()).hexdigest() if url is not None else None
     return Chat(priority, read_prompt(text), sha, width, height, prompt_tokens, max_tokens)
 

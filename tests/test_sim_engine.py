@@ -112,7 +112,8 @@ def test_refusals_are_vllms(sim: Callable[..., SimEngine]) -> None:
     too_long = post(engine, body(1))  # the client's max_tokens=4096
     assert too_long.status_code == 400
     assert too_long.json() == {"error": {
-        "message": "max_tokens=4096 cannot be greater than max_model_len=512. Please request fewer output tokens.",
+        "message": "max_tokens=4096 cannot be greater than max_model_len=512. Please request fewer output tokens. "
+                   "(parameter=max_tokens, value=4096)",
         "type": "BadRequestError", "param": "max_tokens", "code": 400}}
     engine = sim()
     urgent = post(engine, body(1, priority=2))
