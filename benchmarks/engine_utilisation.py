@@ -165,7 +165,7 @@ def run_embedded(args: argparse.Namespace, root: Path, pages: Iterator[bytes], s
                              "vllm", "--engine-url", sim.url], stdout=(root / "paperlane.log").open("wb"),
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        while sim.stats(per_image=False)["requests"] == 0:
+        while sim.stats(per_image=False)["first_start"] is None:  # a page took an engine slot
             if proc.poll() is not None:
                 raise RuntimeError(f"paperlane run exited early:\n{(root / 'paperlane.log').read_text()[-3000:]}")
             time.sleep(0.05)
