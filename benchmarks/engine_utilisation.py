@@ -108,7 +108,9 @@ def main() -> int:
         root = Path(tmp)
         scans = [a4_scan(i) for i in range(8)]
         pages = (with_comment(scans[i % 8], i) for i in range(args.pages))
-        sim = start_sim_engine(root / "sim", slots=args.slots, latency=args.latency, max_model_len=MAX_MODEL_LEN)
+        # Served as the README's `vllm serve` command: priority scheduling, so the client's priorities are accepted.
+        sim = start_sim_engine(root / "sim", slots=args.slots, latency=args.latency, scheduling_policy="priority",
+                               max_model_len=MAX_MODEL_LEN)
         try:
             window = run_embedded(args, root, pages, sim) if args.embedded else run_worker(args, root, pages, sim)
         finally:
