@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 from paperlane.errors import EngineError, EngineUnavailable, PaperlaneError, UsageError
-from paperlane.models.aio import LoopThread
+from paperlane.models.aio import LoopThread, PriorityLimiter
 from paperlane.models.engine import EngineRequest, Outcome
 from paperlane.models.vlm import VlmEngineBase
 from paperlane.schemas import EngineInfo
@@ -49,7 +49,7 @@ class VllmServerEngine(VlmEngineBase):
         self._version = "unknown"
         self._loop: LoopThread | None = None
         self._client: httpx.AsyncClient | None = None
-        self._slots: asyncio.Semaphore | None = None
+        self._slots: PriorityLimiter | None = None
         self._max_model_len: int | None = None
         self._max_tokens = cfg.max_tokens
         self._sends_priority = True
@@ -88,7 +88,7 @@ class VllmServerEngine(VlmEngineBase):
         n = self._cfg.max_in_flight
         limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
         self._client = httpx.AsyncClient(headers=headers, timeout=timeout, limits=limits)
-        self._slots = asyncio.Semaphore(self._cfg.max_in_flight)
+        self._slots = PriorityLimiter(self._cfg.max_in_flight)
         await self._wait_ready()
         served = await self._served_models()
         if self._model is None:
@@ -162,7 +162,7 @@ class VllmServerEngine(VlmEngineBase):
 
     async def _one(self, req: EngineRequest) -> Outcome:
         assert self._slots is not None
-        async with self._slots:
+        async with self._slots.slot(req.priority):
             t0 = time.perf_counter()
             self.in_flight += 1
             self.peak_in_flight = max(self.peak_in_flight, self.in_flight)

@@ -167,3 +167,33 @@ def test_refusals_and_outages_become_page_outcomes(sim_factory: SimFactory, engi
     sim.stop()
     [down] = engine.infer(_requests(engine, [0]))
     assert isinstance(down, EngineUnavailable) and down.retryable
+
+
+def test_the_client_lets_urgent_pages_take_the_next_free_place_first() -> None:
+    import asyncio
+
+    from paperlane.models.aio import PriorityLimiter
+
+    async def scenario() -> list[str]:
+        limiter, order = PriorityLimiter(1), []
+        release = asyncio.Event()
+
+        async def page(name: str, priority: int) -> None:
+            async with limiter.slot(priority):
+                order.append(name)
+                if name == "first":
+                    await release.wait()
+
+        tasks = [asyncio.create_task(page("first", 9))]
+        await asyncio.sleep(0)
+        tasks += [asyncio.create_task(page(f"batch{i}", 5 + i)) for i in range(3)]
+        await asyncio.sleep(0)
+        doomed = asyncio.create_task(page("cancelled", 0))
+        tasks.append(asyncio.create_task(page("urgent", 1)))
+        await asyncio.sleep(0)
+        doomed.cancel()  # a waiter that gives up holds no place
+        release.set()
+        await asyncio.gather(*tasks)
+        return order
+
+    assert asyncio.run(scenario()) == ["first", "urgent", "batch0", "batch1", "batch2"]
