@@ -13,8 +13,26 @@ from PIL import Image
 
 from paperlane.errors import InputError
 from paperlane.models.engine import InputSpec
-from paperlane.workers.preprocess import Limits, prepare, target_size
+from paperlane.workers.preprocess import Limits, prepare, prepare_page, target_size
 from tests.pages import BAD_INPUTS, huge_declared_png, render_page, sample_lines, truncated_jpeg
+
+VLM_SPEC = InputSpec(encoding="jpeg", max_side=2048, max_pixels=2048 * 2048, min_pixels=512 * 512, multiple_of=32)
+
+
+def very_wide_tiff(width: int = 2_000_000) -> bytes:
+    """A 2 kB TIFF of width x 1 pixels: within our pixel limit, beyond OpenCV's widest image (2^20)."""
+    buf = io.BytesIO()
+    Image.new("L", (width, 1), 128).save(buf, format="TIFF", compression="tiff_deflate")
+    return buf.getvalue()
+
+
+def a4_grey_jpeg(lines: list[str]) -> bytes:
+    """An A4 page at 300 dpi (2480x3508) as most document scanners write it: a one-component JPEG."""
+    page = Image.new("L", (2480, 3508), 245)
+    page.paste(Image.open(io.BytesIO(render_page(lines, width=2480))).convert("L"), (0, 200))
+    buf = io.BytesIO()
+    page.save(buf, format="JPEG", quality=90)
+    return buf.getvalue()
 
 
 @pytest.mark.parametrize("name", sorted(BAD_INPUTS))
@@ -55,12 +73,13 @@ def test_jpeg_spec_gives_sized_bytes() -> None:
     assert page.width % 32 == 0 and page.height % 32 == 0
 
 
-@given(w=st.integers(1, 30000), h=st.integers(1, 30000), m=st.sampled_from([1, 28, 32]))
+@given(w=st.integers(1, 80000), h=st.integers(1, 30000), m=st.sampled_from([1, 28, 32]))
 def test_target_size_respects_the_spec(w: int, h: int, m: int) -> None:
     spec = InputSpec(max_side=2048, max_pixels=2048 * 2048, min_pixels=512 * 512, multiple_of=m)
     tw, th = target_size(w, h, spec)
     assert tw % m == 0 and th % m == 0
     assert tw * th <= 2048 * 2048
+    assert max(tw, th) <= 2048  # scaling up to min_pixels never overshoots max_side (a 70000x40 strip did)
     if w * h >= 600 * 600 and max(w, h) / min(w, h) < 4:
         assert tw * th >= 512 * 512 * 0.8
 
@@ -81,3 +100,47 @@ def test_a4_jpeg_is_decoded_reduced_and_keeps_original_coordinates() -> None:
     # Rotated by EXIF and reduced: the original size is the upright one.
     turned = prepare(render_page(sample_lines(5), width=2480, exif_rotate=True), spec)
     assert turned.original_width == 2480
+
+
+def test_grey_scan_stays_grey_for_a_vlm_and_is_padded_to_the_multiple_not_resampled() -> None:
+    scan = a4_grey_jpeg(sample_lines(6))
+    page = prepare_page(scan, VLM_SPEC, preview_side=600)
+    assert page.image.data is not None
+    sent = cv2.imdecode(np.frombuffer(page.image.data, np.uint8), cv2.IMREAD_UNCHANGED)
+    assert sent.ndim == 2  # one channel: a grey scan is not blown up to three for the engine
+    with Image.open(io.BytesIO(scan)) as im:
+        assert (page.width, page.height) == im.size
+    assert (page.image.width, page.image.height) == sent.shape[::-1]
+    assert page.image.width % 32 == 0 and page.image.height % 32 == 0
+    # Decoded at 1/2 in the DCT domain; the sides were rounded up by padding, so the page's pixels sit
+    # unchanged in the top-left corner and map back to the page exactly.
+    half = cv2.imdecode(np.frombuffer(scan, np.uint8), cv2.IMREAD_REDUCED_GRAYSCALE_2)
+    h, w = half.shape
+    assert 0 < page.image.width - w < 32 or page.image.width == w
+    diff = np.abs(sent[:h, :w].astype(np.int16) - half.astype(np.int16)).mean()
+    assert diff < 2.0, diff  # JPEG re-encoding noise only
+    x, y = page.image.to_original((w, h))
+    assert abs(x - page.width) <= 2 and abs(y - page.height) <= 2
+    assert page.preview is not None and page.preview.ndim == 2 and max(page.preview.shape) == 600
+
+
+def test_colour_scan_stays_colour_for_a_vlm() -> None:
+    page = prepare_page(render_page(sample_lines(7), fmt="JPEG", width=2480), VLM_SPEC, preview_side=400)
+    assert page.image.data is not None
+    sent = cv2.imdecode(np.frombuffer(page.image.data, np.uint8), cv2.IMREAD_UNCHANGED)
+    assert sent.ndim == 3
+    assert page.preview is not None and page.preview.ndim == 2 and max(page.preview.shape) == 400
+
+
+def test_a_page_opencv_refuses_gets_opencvs_reason() -> None:
+    # The header is fine (2 MP, limit 150 MP); OpenCV's decoder raises instead of returning nothing.
+    with pytest.raises(InputError, match=r"^cannot decode this image \(OpenCV: .*CV_IO_MAX_IMAGE_WIDTH\)$") as info:
+        prepare(very_wide_tiff(), InputSpec(grayscale=True))
+    assert info.value.stage == "preprocess" and not info.value.retryable
+
+
+def test_an_extreme_strip_stays_within_max_side() -> None:
+    buf = io.BytesIO()
+    Image.new("L", (70000, 40), 200).save(buf, format="PNG")
+    page = prepare(buf.getvalue(), VLM_SPEC)
+    assert page.width <= 2048 and page.height % 32 == 0

@@ -3,7 +3,14 @@
 Runs in the worker's process pool (``workers.cpu_pool``), overlapped with inference. Every way a
 page can be unreadable becomes an ``InputError`` with a one-line reason, decided from the header
 BEFORE any pixel memory is allocated where possible (a 40000x40000 image declared in a 1 kB file
-must not take 4.8 GB to refuse).
+must not take 4.8 GB to refuse); what OpenCV refuses anyway becomes one too, and running out of
+memory a retryable error, so nothing unexpected leaves this module for a page's own sake.
+
+A page is decoded once: the engine's input and a small grey preview, on which the annotated image
+is drawn after inference, both come from that one decode. For an A4 300 dpi JPEG, entropy decoding
+is most of the cost and cannot be cut (DCT-domain reduction saves the rest of the decode); a grey
+scan stays grey for every engine (colour would only triple the pixels to resize and encode), and
+the sides are rounded to ``multiple_of`` by padding, not by a resize of the whole page.
 """
 
 from __future__ import annotations
@@ -18,11 +25,12 @@ import cv2
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from paperlane.errors import InputError
+from paperlane.errors import InputError, PaperlaneError
 from paperlane.models.engine import InputSpec, PreparedImage
 
 _STAGE = "preprocess"
 _FORMATS = {"JPEG", "PNG", "TIFF", "BMP", "WEBP", "GIF", "JPEG2000", "PPM"}
+_GREY_MODES = {"1", "L", "LA", "La", "I", "F"}  # and "I;16..." (Pillow's image modes without colour)
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,22 @@ class Header:
     width: int
     height: int
     has_alpha: bool
+    grey: bool = False  # no colour channels: decoding luminance only loses nothing
+
+
+@dataclass
+class PreparedPage:
+    """What preprocessing hands the worker: the engine's input, and what the worker keeps for itself.
+
+    ``image.original_width/height`` are the extent of the prepared image in original pixels, so that
+    ``image.to_original`` maps exactly; when the sides were padded up to ``multiple_of``, that extent
+    reaches past the page's right and bottom edges. ``width`` and ``height`` are the page's own size.
+    """
+
+    image: PreparedImage
+    width: int
+    height: int
+    preview: np.ndarray | None = None  # grey, at most preview_side px: the annotated image is drawn on it
 
 
 def read_header(data: bytes, limits: Limits) -> Header:
@@ -66,7 +90,8 @@ def read_header(data: bytes, limits: Limits) -> Header:
                          stage=_STAGE)
     if fmt == "JPEG" and not _jpeg_complete(data):
         raise InputError("truncated JPEG (the file ends before the image does)", stage=_STAGE)
-    return Header(format=fmt, width=w, height=h, has_alpha="A" in mode or mode == "P")
+    return Header(format=fmt, width=w, height=h, has_alpha="A" in mode or mode == "P",
+                  grey=mode in _GREY_MODES or mode.startswith("I;16"))
 
 
 def _jpeg_complete(data: bytes) -> bool:
@@ -92,7 +117,10 @@ def decode(data: bytes, header: Header, *, grayscale: bool = False, reduce: int 
     """
     buf = np.frombuffer(data, np.uint8)
     flags = cv2.IMREAD_UNCHANGED if header.has_alpha else _REDUCED[(grayscale, reduce)]
-    img = cv2.imdecode(buf, flags)
+    try:
+        img = cv2.imdecode(buf, flags)
+    except cv2.error as exc:  # OpenCV's own limits and assertions, beyond what the header showed us
+        raise InputError(f"cannot decode this image (OpenCV: {opencv_reason(exc)})", stage=_STAGE) from exc
     if img is None:
         raise InputError(f"corrupt {header.format} image (cannot be decoded)", stage=_STAGE)
     if img.dtype != np.uint8:  # 16-bit scans
@@ -119,13 +147,20 @@ def dct_reduction(header: Header, spec: InputSpec) -> int:
     return 1
 
 
-def target_size(width: int, height: int, spec: InputSpec) -> tuple[int, int]:
-    """The (width, height) the engine wants for a width x height page, aspect ratio kept."""
+def _scale(width: int, height: int, spec: InputSpec) -> float:
+    """The factor that brings a width x height page to the engine's size, before rounding its sides."""
     scale = min(1.0, spec.max_side / max(width, height))
     if spec.max_pixels:
         scale = min(scale, math.sqrt(spec.max_pixels / (width * height)))
     if spec.min_pixels and width * height * scale * scale < spec.min_pixels:
-        scale = math.sqrt(spec.min_pixels / (width * height))
+        # Scaling up to min_pixels never takes the long side past max_side (a 70000x40 strip).
+        scale = min(math.sqrt(spec.min_pixels / (width * height)), spec.max_side / max(width, height))
+    return scale
+
+
+def target_size(width: int, height: int, spec: InputSpec) -> tuple[int, int]:
+    """The (width, height) the engine wants for a width x height page, aspect ratio kept."""
+    scale = _scale(width, height, spec)
     m = max(1, spec.multiple_of)
     w = max(m, round(width * scale / m) * m)
     h = max(m, round(height * scale / m) * m)
@@ -137,28 +172,94 @@ def target_size(width: int, height: int, spec: InputSpec) -> tuple[int, int]:
 
 def prepare(data: bytes, spec: InputSpec, limits: Limits = Limits()) -> PreparedImage:
     """Bytes of an original page -> the engine's input. Raises InputError for unreadable pages."""
+    return prepare_page(data, spec, limits).image
+
+
+def prepare_page(data: bytes, spec: InputSpec, limits: Limits = Limits(), *, preview_side: int = 0) -> PreparedPage:
+    """Bytes of an original page -> the engine's input and, when ``preview_side``, a grey preview.
+
+    Raises InputError for pages that cannot be read or prepared, and a retryable PaperlaneError when
+    memory runs out.
+    """
     header = read_header(data, limits)
-    reduce = dct_reduction(header, spec)
-    img = decode(data, header, grayscale=spec.grayscale, reduce=reduce)
+    try:
+        reduce = dct_reduction(header, spec)
+        img = decode(data, header, grayscale=spec.grayscale or header.grey, reduce=reduce)
+        width, height = _original_size(img.shape[1], img.shape[0], header, reduce)
+        img, pad = _fit(img, spec)
+        preview = grey_preview(img, preview_side) if preview_side else None
+        image = _engine_input(img, pad, spec, width, height)
+    except cv2.error as exc:
+        raise InputError(f"cannot prepare this image (OpenCV: {opencv_reason(exc)})", stage=_STAGE) from exc
+    except MemoryError:
+        raise PaperlaneError(f"not enough memory to prepare this page ({header.width}x{header.height})",
+                             stage=_STAGE, retryable=True) from None
+    return PreparedPage(image=image, width=width, height=height, preview=preview)
+
+
+def _fit(img: np.ndarray, spec: InputSpec) -> tuple[np.ndarray, tuple[int, int]]:
+    """The page at the engine's scale, and the pixels (right, bottom) that round its sides up to multiple_of."""
     oh, ow = img.shape[:2]
+    pad = _padding(ow, oh, spec)
+    if pad is not None:
+        return img, pad
     w, h = target_size(ow, oh, spec)
-    if (w, h) != (ow, oh):
-        # What DCT reduction left is a mild factor: bilinear is 8x cheaper than area averaging and
-        # as good above 1/2; below that (PNG, TIFF: no DCT reduction) area averaging avoids aliasing.
-        interp = cv2.INTER_AREA if w < ow / 2 else (cv2.INTER_LINEAR if w < ow else cv2.INTER_CUBIC)
-        img = cv2.resize(img, (w, h), interpolation=interp)
-    orig_w, orig_h = _original_size(ow, oh, header, reduce)
-    prepared = PreparedImage(width=w, height=h, original_width=orig_w, original_height=orig_h)
+    if (w, h) == (ow, oh):
+        return img, (0, 0)
+    # What DCT reduction left is a mild factor: bilinear is 8x cheaper than area averaging and
+    # as good above 1/2; below that (PNG, TIFF: no DCT reduction) area averaging avoids aliasing.
+    interp = cv2.INTER_AREA if w < ow / 2 else (cv2.INTER_LINEAR if w < ow else cv2.INTER_CUBIC)
+    return cv2.resize(img, (w, h), interpolation=interp), (0, 0)
+
+
+def _padding(width: int, height: int, spec: InputSpec) -> tuple[int, int] | None:
+    """(right, bottom) pixels that make the sides multiples of ``multiple_of`` when that is all the page
+    needs (unscaled, it fits the spec, padded too); None when it must be resized."""
+    if _scale(width, height, spec) != 1.0:
+        return None
+    m = max(1, spec.multiple_of)
+    pw, ph = width + -width % m, height + -height % m
+    if max(pw, ph) > spec.max_side or (spec.max_pixels and pw * ph > spec.max_pixels):
+        return None
+    return pw - width, ph - height
+
+
+def grey_preview(img: np.ndarray, side: int) -> np.ndarray:
+    """A grey copy of ``img`` at most ``side`` px on its longer side: what the annotated image is drawn on."""
+    h, w = img.shape[:2]
+    fit = side / max(w, h)
+    if fit < 1.0:
+        # Bilinear at 1/2 or more averages like area averaging, at a fraction of its cost.
+        interp = cv2.INTER_LINEAR if fit >= 0.5 else cv2.INTER_AREA
+        img = cv2.resize(img, (max(1, round(w * fit)), max(1, round(h * fit))), interpolation=interp)
+    return cv2.cvtColor(img, cv2.COLOR_BGR2GRAY) if img.ndim == 3 else img
+
+
+def _engine_input(img: np.ndarray, pad: tuple[int, int], spec: InputSpec, width: int, height: int) -> PreparedImage:
+    """``img`` padded and encoded as ``spec`` asks, mapped onto a ``width`` x ``height`` page."""
+    ch, cw = img.shape[:2]
+    if any(pad):
+        # Edge pixels repeated, not white: a grey scan's paper stays paper, a dark border stays dark.
+        img = cv2.copyMakeBorder(img, 0, pad[1], 0, pad[0], cv2.BORDER_REPLICATE)
+    h, w = img.shape[:2]
+    prepared = PreparedImage(width=w, height=h, original_width=round(width * w / cw),
+                             original_height=round(height * h / ch))
     if spec.encoding == "array":
         prepared.pixels = np.ascontiguousarray(cv2.cvtColor(img, cv2.COLOR_GRAY2BGR) if img.ndim == 2 else img)
-    else:
-        jpeg = spec.encoding == "jpeg"
-        params = [cv2.IMWRITE_JPEG_QUALITY, spec.jpeg_quality] if jpeg else []
-        ok, enc = cv2.imencode(".jpg" if jpeg else ".png", img, params)
-        if not ok:
-            raise InputError("cannot encode the page for the engine", stage=_STAGE)
-        prepared.data, prepared.mime = enc.tobytes(), f"image/{spec.encoding}"
+        return prepared
+    jpeg = spec.encoding == "jpeg"
+    params = [cv2.IMWRITE_JPEG_QUALITY, spec.jpeg_quality] if jpeg else []
+    ok, enc = cv2.imencode(".jpg" if jpeg else ".png", img, params)
+    if not ok:
+        raise InputError("cannot encode the page for the engine", stage=_STAGE)
+    prepared.data, prepared.mime = enc.tobytes(), f"image/{spec.encoding}"
     return prepared
+
+
+def opencv_reason(exc: cv2.error) -> str:
+    """OpenCV's own short account of what failed, on one line (its full message names C++ sources)."""
+    text = getattr(exc, "err", None) or str(exc).strip().splitlines()[-1]
+    return " ".join(str(text).split())[:120]
 
 
 def _original_size(decoded_w: int, decoded_h: int, header: Header, reduce: int) -> tuple[int, int]:
