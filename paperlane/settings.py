@@ -37,6 +37,23 @@ class StorageBackend(str, Enum):
     S3 = "s3"
 
 
+class ImageFormat(str, Enum):
+    """How the annotated image is encoded: JPEG costs the least CPU; WebP and PNG cost 15-25x more."""
+
+    JPEG = "jpeg"
+    WEBP = "webp"
+    PNG = "png"
+
+    @property
+    def suffix(self) -> str:
+        """The file extension, without the dot."""
+        return "jpg" if self is ImageFormat.JPEG else self.value
+
+    @property
+    def mime(self) -> str:
+        return f"image/{self.value}"
+
+
 class StorageSettings(BaseModel):
     backend: StorageBackend = StorageBackend.LOCAL
     root: Path | None = Field(None, description="local backend: folder; default data_dir/objects")
@@ -47,6 +64,9 @@ class StorageSettings(BaseModel):
     secret_access_key: SecretStr | None = None
     create_bucket: bool = True
     prefix: str = ""
+    # Connections kept open to S3 per process: at least the pages storing at once, or every request
+    # beyond the pool opens (and for HTTPS, handshakes) a new connection.
+    max_connections: int = Field(64, ge=1)
 
 
 class EngineKind(str, Enum):
@@ -95,6 +115,9 @@ class WorkerSettings(BaseModel):
     retry_backoff: float = Field(2.0, ge=0, description="seconds before the first retry; doubles each time")
     max_image_pixels: int = Field(150_000_000, description="refuse larger images before decoding them")
     max_input_bytes: int = Field(200 * 1024 * 1024)
+    annotated_format: ImageFormat = Field(ImageFormat.JPEG, description="the annotated image: jpeg (cheapest), "
+                                          "webp (smallest, ~25x the CPU of jpeg) or png (lossless, ~15x)")
+    annotated_max_side: int = Field(1000, ge=100, le=8000, description="longest side of the annotated image, px")
 
 
 class Settings(BaseSettings):

@@ -6,14 +6,14 @@ layout of the bucket is in one place:
 
     originals/<sha256[:2]>/<sha256><ext>     content-addressed: uploading twice is a no-op
     results/<job_id>.json                     one per job: a rewrite replaces it
-    annotated/<job_id>.png
+    annotated/<job_id>.<jpg|webp|png>         the worker's annotated_format decides
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from paperlane.settings import Settings, StorageBackend
+from paperlane.settings import ImageFormat, Settings, StorageBackend
 
 
 class ObjectStore(Protocol):
@@ -42,8 +42,8 @@ def result_key(job_id: str) -> str:
     return f"results/{job_id}.json"
 
 
-def annotated_key(job_id: str) -> str:
-    return f"annotated/{job_id}.png"
+def annotated_key(job_id: str, fmt: ImageFormat) -> str:
+    return f"annotated/{job_id}.{fmt.suffix}"
 
 
 def open_store(settings: Settings) -> ObjectStore:

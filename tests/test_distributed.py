@@ -57,8 +57,9 @@ def test_submit_worker_result_in_postgres_and_s3(stack: Stack, worker_factory, t
         assert result["engine"]["name"] == "rapidocr"
         assert cer(result["text"], truth) < 0.02, (result["text"], truth)
         assert all(len(line["quad"]) == 4 for line in result["lines"])
-        png = stack.s3().get_object(Bucket=stack.bucket, Key=row.annotated_key)["Body"].read()
-        assert cv2.imdecode(np.frombuffer(png, np.uint8), cv2.IMREAD_COLOR) is not None
+        assert row.annotated_key.endswith(".jpg")
+        image = stack.s3().get_object(Bucket=stack.bucket, Key=row.annotated_key)["Body"].read()
+        assert cv2.imdecode(np.frombuffer(image, np.uint8), cv2.IMREAD_COLOR) is not None
 
     status = cli(stack, "status", "--json", *ids)
     assert status.returncode == 0, status.stderr

@@ -3,6 +3,10 @@
 Each pool process builds its own object-store client once (initializer) and receives only object
 keys, never image bytes, so the parent process never copies an original. With ``processes=0`` the
 work runs on a thread in the calling process (tests, tiny machines).
+
+Whatever goes wrong with one page comes back as that page's ``Prepared`` error, never as an
+exception: a third-party one might not survive the trip back between processes, and a pool that
+cannot unpickle a result is a broken pool.
 """
 
 from __future__ import annotations
@@ -11,15 +15,16 @@ import logging
 import multiprocessing
 import os
 import time
+import traceback
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
-from paperlane.errors import PaperlaneError
-from paperlane.models.engine import InputSpec, PreparedImage
+from paperlane.errors import INTERNAL_REASON, PaperlaneError
+from paperlane.models.engine import InputSpec
 from paperlane.settings import Settings
 from paperlane.storage.objects import ObjectStore, open_store
-from paperlane.workers.preprocess import Limits, prepare
+from paperlane.workers.preprocess import Limits, PreparedPage, prepare_page
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +33,15 @@ _store: ObjectStore | None = None
 
 @dataclass
 class Prepared:
-    """A preprocessing outcome: the image or the error, and the seconds it took."""
+    """A preprocessing outcome: the page or the error, and the seconds it took.
 
-    image: PreparedImage | None
+    ``traceback``: for an error nobody anticipated (a bug), its traceback as text, for the worker's log.
+    """
+
+    page: PreparedPage | None
     error: PaperlaneError | None
     seconds: float
+    traceback: str | None = None
 
 
 def _init_process(settings: Settings) -> None:
@@ -48,15 +57,22 @@ def _init_process(settings: Settings) -> None:
     _store = open_store(settings)
 
 
-def _prepare_key(key: str, spec: InputSpec, limits: Limits, store: ObjectStore | None = None) -> Prepared:
+def _prepare_key(key: str, spec: InputSpec, limits: Limits, preview_side: int,
+                 store: ObjectStore | None = None) -> Prepared:
     t0 = time.perf_counter()
     try:
         store = store or _store
         assert store is not None, "pool process not initialised"
-        image = prepare(store.get(key), spec, limits)
-        return Prepared(image, None, time.perf_counter() - t0)
+        page = prepare_page(store.get(key), spec, limits, preview_side=preview_side)
+        return Prepared(page, None, time.perf_counter() - t0)
     except PaperlaneError as exc:
         return Prepared(None, exc, time.perf_counter() - t0)
+    except MemoryError:  # outside the decoder (which says so itself): fetching, copying
+        return Prepared(None, PaperlaneError("not enough memory to prepare this page", stage="preprocess",
+                                             retryable=True), time.perf_counter() - t0)
+    except Exception:  # a bug: this page fails with a short reason and the worker logs the traceback
+        return Prepared(None, PaperlaneError(INTERNAL_REASON, stage="preprocess"), time.perf_counter() - t0,
+                        traceback.format_exc())
 
 
 class CpuPool:
@@ -64,11 +80,13 @@ class CpuPool:
     lane in this process for urgent (interactive) pages, so they never queue behind the backlog's
     preprocessing. OpenCV releases the GIL while it decodes and resizes."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, store: ObjectStore) -> None:
+        """``store``: the worker process's own store, shared by the urgent lane (one client per process)."""
         self._limits = Limits(max_pixels=settings.worker.max_image_pixels,
                               max_bytes=settings.worker.max_input_bytes)
+        self._preview_side = settings.worker.annotated_max_side
         self._settings = settings
-        self._store = open_store(settings)
+        self._store = store
         self._urgent = ThreadPoolExecutor(max_workers=2, thread_name_prefix="preprocess-urgent")
         self._executor = self._new_executor()
 
@@ -94,11 +112,15 @@ class CpuPool:
             self._executor = self._new_executor()
 
     def submit(self, key: str, spec: InputSpec, *, urgent: bool = False) -> Future[Prepared]:
-        """Fetch ``key`` and prepare it for ``spec``: in the pool, or at once in-process when ``urgent``."""
+        """Fetch ``key`` and prepare it for ``spec``: in the pool, or at once in-process when ``urgent``.
+
+        The future's result is a ``Prepared``, whatever happened to the page; the future itself fails
+        only when the pool does (``BrokenProcessPool``: a process died) or is shut down.
+        """
         if urgent or isinstance(self._executor, ThreadPoolExecutor):
             executor = self._urgent if urgent else self._executor
-            return executor.submit(_prepare_key, key, spec, self._limits, self._store)
-        return self._executor.submit(_prepare_key, key, spec, self._limits)
+            return executor.submit(_prepare_key, key, spec, self._limits, self._preview_side, self._store)
+        return self._executor.submit(_prepare_key, key, spec, self._limits, self._preview_side)
 
     def close(self) -> None:
         self._urgent.shutdown(wait=True, cancel_futures=True)

@@ -57,10 +57,15 @@ def run_embedded(rt: Runtime, pages: Iterable[PageInput], *, out_dir: Path, spec
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = RunSummary()
 
-    def emit(name: str, result: PageResult, png: bytes | None) -> None:
+    def emit(name: str, result: PageResult, image: bytes | None) -> None:
+        # Imported here to keep this change inside emit (the rest of the module is being rewritten).
+        from paperlane.workers.render import format_of
+
         (out_dir / f"{name}.json").write_bytes(result_json(result))
-        if png is not None:
-            (out_dir / f"{name}.png").write_bytes(png)
+        if image is not None:
+            # A page done by an earlier run may have been stored in another format: its bytes say which.
+            fmt = format_of(image) or rt.settings.worker.annotated_format
+            (out_dir / f"{name}.{fmt.suffix}").write_bytes(image)
         summary.pages += 1
         summary.failed += result.status is JobStatus.FAILED
         summary.timings.append(result.timings)
@@ -178,8 +183,8 @@ def _stored(rt: Runtime, job: JobRow) -> tuple[PageResult, bytes | None]:
     if job.status == JobStatus.SUCCEEDED.value and job.result_key:
         try:
             result = PageResult.model_validate(json.loads(rt.store.get(job.result_key)))
-            png = rt.store.get(job.annotated_key) if job.annotated_key else None
-            return result, png
+            image = rt.store.get(job.annotated_key) if job.annotated_key else None
+            return result, image
         except PaperlaneError as exc:
             log.warning("stored result of job %s unreadable (%s)", job.id, exc)
     return PageResult(job_id=job.id, source=job.source, page=job.page, status=JobStatus.FAILED,

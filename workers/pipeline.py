@@ -4,20 +4,23 @@ The same code serves the Celery worker and the embedded ``paperlane run``: each 
 progress runs ``process_page`` on its own task slot; the CPU pool prepares it while earlier pages
 are in the engine, and the ``MicroBatcher`` gathers the slots' prepared pages into batches. This
 function is ONE attempt: it writes a success (objects, then rows) and returns every outcome; the
-retry policy around it lives in ``workers.attempts``.
+retry policy around it lives in ``workers.attempts``. Whatever happens to a page, in the pool, the
+engine, post-processing or storing, becomes its failed outcome, and the batcher's count of pages on
+their way is balanced on every path.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import time
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
-from paperlane.errors import InputError, PaperlaneError, public_reason
-from paperlane.models.engine import Engine, EngineOutput, EngineRequest, PreparedImage
+from paperlane.errors import INTERNAL_REASON, InputError, PaperlaneError, public_reason
+from paperlane.models.engine import Engine, EngineOutput, EngineRequest
 from paperlane.models.factory import build_engine
 from paperlane.priority.lanes import LEVELS_PER_LANE, Lane
 from paperlane.schemas import JobStatus, PageResult, Stage, Task, TaskSpec
@@ -29,6 +32,7 @@ from paperlane.storage.tables import JobRow
 from paperlane.workers.batcher import MicroBatcher
 from paperlane.workers.cpu_pool import CpuPool, Prepared
 from paperlane.workers.postprocess import build_result
+from paperlane.workers.preprocess import PreparedPage
 from paperlane.workers.render import annotate
 
 log = logging.getLogger(__name__)
@@ -36,7 +40,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Runtime:
-    """What a worker process keeps resident for its life: database, store, engine, pool, batcher."""
+    """What a worker process keeps resident for its life: database, store, engine, pools, batcher."""
 
     settings: Settings
     db: Database
@@ -46,6 +50,10 @@ class Runtime:
     batcher: MicroBatcher
     slots: int  # pages in progress at once
     batch_slots: int  # of which batch pages may hold at most this many: the rest wait for interactive ones
+    # Annotated images are drawn here, not on the task threads: OpenCV drops the GIL while it draws
+    # and encodes, so a few threads keep the cores busy without a thread per page competing for them.
+    render: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
+        max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="render"))
 
     @classmethod
     def start(cls, settings: Settings, *, engine: Engine | None = None) -> Runtime:
@@ -57,7 +65,7 @@ class Runtime:
         cfg, cap = settings.worker, engine.capacity
         batch_size = cfg.batch_size or cap.batch_size
         batcher = MicroBatcher(engine, max_size=batch_size, max_wait=cfg.batch_wait, urgent_below=LEVELS_PER_LANE,
-                               dispatchers=cap.batches_in_flight)
+                               dispatchers=cap.batches_in_flight, batch_share=cfg.batch_share)
         # Enough slots for the batches in the engine plus two more being fetched and prepared (the
         # engine never waits for the CPU), and one batch more kept free for interactive pages, so
         # they start at once even behind a backlog.
@@ -65,14 +73,15 @@ class Runtime:
         slots = cfg.slots or batch_size * (cap.batches_in_flight + 2) + reserve
         log.info("engine %s: batches of %d, %d in flight, %d page slots", engine.info.name, batch_size,
                  cap.batches_in_flight, slots)
-        return cls(settings=settings, db=db, store=store, engine=engine, pool=CpuPool(settings), batcher=batcher,
-                   slots=slots, batch_slots=max(1, slots - reserve))
+        return cls(settings=settings, db=db, store=store, engine=engine, pool=CpuPool(settings, store=store),
+                   batcher=batcher, slots=slots, batch_slots=max(1, slots - reserve))
 
     def close(self) -> None:
         stats = self.batcher.stats
         log.info("engine ran %d batches, %d pages, busy %.1fs", stats.batches, stats.pages, stats.busy_s)
         self.batcher.close()
         self.pool.close()
+        self.render.shutdown(wait=True)
         self.engine.close()
         self.db.dispose()
 
@@ -83,7 +92,7 @@ class PageOutcome:
     result: PageResult
     error: Exception | None = None
     timings: dict[str, float] = field(default_factory=dict)
-    annotated: bytes | None = None  # the annotated PNG as stored, on success
+    annotated: bytes | None = None  # the annotated image as stored (worker.annotated_format), on success
 
     @property
     def ok(self) -> bool:
@@ -95,72 +104,109 @@ def task_spec(job: JobRow) -> TaskSpec:
 
 
 def process_page(rt: Runtime, job: JobRow) -> PageOutcome:
-    """One attempt at one page. Never raises for the page's own failure."""
+    """One attempt at one page. Never raises for anything that goes wrong with the page: that becomes
+    its failed outcome, classified where we can and "internal error" (traceback in the log) otherwise."""
     timings = _known_timings(job)
-    rt.batcher.expect()
-    urgent = job.lane == Lane.INTERACTIVE.value  # never queue behind the backlog's preprocessing
-    prep = _await_prepared(rt, job, rt.pool.submit(job.original_key or "", rt.engine.input_spec, urgent=urgent))
-    timings[Stage.PREPROCESS.value] = prep.seconds
-    if prep.image is None:
-        rt.batcher.unexpect()
-        return _failed(job, prep.error or PaperlaneError("preprocessing failed"), timings)
-    ready = time.perf_counter()
     try:
-        pending = rt.batcher.submit(EngineRequest(image=prep.image, spec=task_spec(job), priority=job.priority),
-                                   priority=job.priority)
-    except PaperlaneError as exc:  # the worker is shutting down: the page is retried elsewhere
-        return _failed(job, exc, timings)
+        return _attempt(rt, job, timings)
+    except Exception as exc:
+        return _failed(job, _classified(job, exc, _stage_reached(timings)), timings)
+
+
+def _attempt(rt: Runtime, job: JobRow, timings: dict[str, float]) -> PageOutcome:
+    spec = task_spec(job)
+    urgent = job.lane == Lane.INTERACTIVE.value  # never queue behind the backlog's preprocessing
+    rt.batcher.expect()
+    pending = None
+    try:
+        prep = _prepared(rt, job, urgent=urgent)
+        timings[Stage.PREPROCESS.value] = prep.seconds
+        ready = time.perf_counter()
+        if prep.page is not None:
+            pending = rt.batcher.submit(EngineRequest(image=prep.page.image, spec=spec, priority=job.priority),
+                                       priority=job.priority)
+    finally:
+        # Batches wait for every page announced and not submitted: a page that will not come must be
+        # taken back on every path, or each later batch waits its full batch_wait for it.
+        if pending is None:
+            rt.batcher.unexpect()
+    if prep.page is None or pending is None:
+        if prep.traceback:
+            log.error("job %s: unexpected error while preprocessing\n%s", job.id, prep.traceback.rstrip())
+        return _failed(job, prep.error or PaperlaneError("preprocessing failed", stage="preprocess"), timings)
     outcome, batch_s = pending.result()
     own = outcome.seconds if isinstance(outcome, EngineOutput) and outcome.seconds is not None else batch_s
     timings[Stage.INFERENCE.value] = own
     # Waiting for the engine (a batch ahead, the batch filling, pages before it) is queueing.
     waited = max(0.0, time.perf_counter() - ready - own)
     timings[Stage.QUEUE_WAIT.value] = timings.get(Stage.QUEUE_WAIT.value, 0.0) + waited
-    if not isinstance(outcome, EngineOutput):
-        return _failed(job, outcome, timings)
-    return _finish(rt, job, prep.image, outcome, timings)
+    if isinstance(outcome, EngineOutput):
+        return _finish(rt, job, prep.page, outcome, timings)
+    if not isinstance(outcome, Exception):  # an engine broke its contract: say what it gave, not a traceback
+        log.error("job %s: the engine returned %s, not a result", job.id, type(outcome).__name__)
+        outcome = PaperlaneError(INTERNAL_REASON, stage=Stage.INFERENCE.value)
+    return _failed(job, _classified(job, outcome, Stage.INFERENCE.value), timings)
 
 
-def _await_prepared(rt: Runtime, job: JobRow, fut: Future[Prepared]) -> Prepared:
+def _prepared(rt: Runtime, job: JobRow, *, urgent: bool) -> Prepared:
     # A pool process that dies (a decoder crash) breaks every pending future of its pool: each
     # page gets one more try on a fresh pool, and the page that crashes it twice is failed.
-    for attempt in (1, 2):
+    for _ in (1, 2):
         try:
-            return fut.result()
+            return rt.pool.submit(job.original_key or "", rt.engine.input_spec, urgent=urgent).result()
         except BrokenProcessPool:
             rt.pool.restart_if_broken()
-            if attempt == 1:
-                fut = rt.pool.submit(job.original_key or "", rt.engine.input_spec)
+        except CancelledError:  # the pool was shut down under the page: the worker is stopping
+            return Prepared(None, PaperlaneError("the worker stopped before this page was prepared",
+                                                 stage=Stage.PREPROCESS.value, retryable=True), 0.0)
     log.error("job %s crashed the preprocessing process twice", job.id)
     return Prepared(None, InputError("this page crashes the image decoder", stage="preprocess"), 0.0)
 
 
-def _finish(rt: Runtime, job: JobRow, image: PreparedImage, output: EngineOutput,
+def _finish(rt: Runtime, job: JobRow, page: PreparedPage, output: EngineOutput,
             timings: dict[str, float]) -> PageOutcome:
     t0 = time.perf_counter()
-    result = build_result(job_id=job.id, source=job.source, page=job.page, spec=task_spec(job),
-                          output=output, image=image, engine=rt.engine.info)
+    result = build_result(job_id=job.id, source=job.source, page=job.page, spec=task_spec(job), output=output,
+                          image=page.image, size=(page.width, page.height), engine=rt.engine.info)
     t1 = time.perf_counter()
     timings[Stage.POSTPROCESS.value] = t1 - t0
-    try:
-        png_key = annotated_key(job.id)
-        png = annotate(image, result.lines)
-        rt.store.put(png_key, png, content_type="image/png")
-        # The JSON's store time covers rendering and the image upload; the row gets the full time.
-        timings[Stage.STORE.value] = time.perf_counter() - t1
-        result.timings = dict(timings)
-        json_key = result_key(job.id)
-        rt.store.put(json_key, result_json(result), content_type="application/json")
-        timings[Stage.STORE.value] = time.perf_counter() - t1
-        jobstore.finish_succeeded(rt.db, job, result, engine=_engine_name(rt), result_key=json_key,
-                                  annotated_key=png_key, timings=timings)
-    except PaperlaneError as exc:
-        exc.stage = exc.stage or Stage.STORE.value
-        return _failed(job, exc, timings)
-    except Exception as exc:  # a bug must fail this page, not the worker; the traceback goes to the log
-        log.exception("job %s failed while storing its result", job.id)
-        return _failed(job, exc, timings)
-    return PageOutcome(job=job, result=result, timings=timings, annotated=png)
+    fmt = rt.settings.worker.annotated_format
+    image_key, image = None, None
+    if page.preview is not None:
+        image = rt.render.submit(annotate, page.preview, result.lines, page_width=page.width,
+                                 page_height=page.height, fmt=fmt).result()
+        image_key = annotated_key(job.id, fmt)
+        rt.store.put(image_key, image, content_type=fmt.mime)
+    # The JSON's store time covers rendering and the image upload; the row gets the full time.
+    timings[Stage.STORE.value] = time.perf_counter() - t1
+    result.timings = dict(timings)
+    json_key = result_key(job.id)
+    rt.store.put(json_key, result_json(result), content_type="application/json")
+    timings[Stage.STORE.value] = time.perf_counter() - t1
+    jobstore.finish_succeeded(rt.db, job, result, engine=_engine_name(rt), result_key=json_key,
+                              annotated_key=image_key, timings=timings)
+    return PageOutcome(job=job, result=result, timings=timings, annotated=image)
+
+
+def _classified(job: JobRow, exc: Exception, stage: str) -> PaperlaneError:
+    """What the page's row records for ``exc``: our errors as they are, running out of memory as a
+    retryable error, anything else as "internal error", its traceback in the log."""
+    if isinstance(exc, PaperlaneError):
+        exc.stage = exc.stage or stage
+        return exc
+    if isinstance(exc, MemoryError):
+        log.warning("job %s: out of memory in %s", job.id, stage)
+        return PaperlaneError("not enough memory to process this page", stage=stage, retryable=True)
+    log.error("job %s: unexpected error in %s", job.id, stage, exc_info=exc)
+    return PaperlaneError(INTERNAL_REASON, stage=stage)
+
+
+def _stage_reached(timings: dict[str, float]) -> str:
+    """The stage a page was in when it failed: the first one without a time yet."""
+    for stage in (Stage.PREPROCESS, Stage.INFERENCE, Stage.POSTPROCESS):
+        if stage.value not in timings:
+            return stage.value
+    return Stage.STORE.value
 
 
 def _engine_name(rt: Runtime) -> str:
@@ -177,6 +223,7 @@ def _known_timings(job: JobRow) -> dict[str, float]:
 
 
 def _failed(job: JobRow, error: Exception, timings: dict[str, float]) -> PageOutcome:
+    # Task(job.task), not task_spec(job): options that do not validate may be why the page failed.
     result = PageResult(job_id=job.id, source=job.source, page=job.page, status=JobStatus.FAILED,
-                        error=public_reason(error), task=task_spec(job).task, timings=dict(timings))
+                        error=public_reason(error), task=Task(job.task), timings=dict(timings))
     return PageOutcome(job=job, result=result, error=error, timings=timings)

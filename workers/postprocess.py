@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import math
+
 from paperlane.models.engine import EngineOutput, PreparedImage
 from paperlane.schemas import EngineInfo, JobStatus, Line, PageResult, TaskSpec
 
 
-def to_original(lines: list[Line], image: PreparedImage) -> list[Line]:
-    """The same lines with their quads in original-page pixels."""
-    return [ln.model_copy(update={"quad": [image.to_original(p) for p in ln.quad]}) if ln.quad else ln
+def to_original(lines: list[Line], image: PreparedImage, size: tuple[int, int] | None = None) -> list[Line]:
+    """The same lines with their quads in original-page pixels, inside a page of ``size`` when given.
+
+    A prepared image may reach past the page (its sides padded to a multiple): an engine's box that
+    strays into that margin is clipped to the page.
+    """
+    sx, sy = image.original_width / image.width, image.original_height / image.height
+    w, h = size or (math.inf, math.inf)
+    return [ln.model_copy(update={"quad": [(round(min(max(x * sx, 0.0), w), 1), round(min(max(y * sy, 0.0), h), 1))
+                                           for x, y in ln.quad]}) if ln.quad else ln
             for ln in lines]
 
 
@@ -40,15 +49,16 @@ def reading_order(lines: list[Line]) -> list[Line]:
 
 
 def build_result(*, job_id: str, source: str, page: int, spec: TaskSpec, output: EngineOutput,
-                 image: PreparedImage, engine: EngineInfo) -> PageResult:
-    """The succeeded page result; ``text`` follows the reading order when the engine gave lines."""
-    lines = reading_order(to_original(output.lines, image))
+                 image: PreparedImage, size: tuple[int, int], engine: EngineInfo) -> PageResult:
+    """The succeeded page result for a page of ``size`` (width, height) original pixels; ``text``
+    follows the reading order when the engine gave lines."""
+    lines = reading_order(to_original(output.lines, image, size))
     text = "\n".join(ln.text for ln in lines) if lines and _text_is_lines(output) else output.text
     return PageResult(
         job_id=job_id, source=source, page=page, status=JobStatus.SUCCEEDED, task=spec.task,
         text=text, lines=lines, markdown=output.markdown, fields=output.fields,
         missing_fields=output.missing_fields, truncated=output.truncated,
-        width=image.original_width, height=image.original_height, engine=engine, usage=output.usage,
+        width=size[0], height=size[1], engine=engine, usage=output.usage,
     )
 
 
