@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import ColumnElement, bindparam, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
 from paperlane.errors import JobNotFound
@@ -124,33 +126,55 @@ def record_retry(db: Database, job_id: str, reason: str, stage: str | None) -> N
             status=JobStatus.QUEUED.value, error=f"retrying: {reason}", error_stage=stage))
 
 
+# The two writes every page ends with, built once with bound parameters: SQLAlchemy compiles each
+# once, so a page's finish costs its round trips and little else (building the statements anew for
+# every page cost more CPU than the rest of the write). A stage time not given keeps the row's value.
+_JOBS, _RESULTS = JobRow.__table__, ResultRow.__table__
+_TIMES: dict[str, ColumnElement[Any]] = {column: func.coalesce(bindparam(column), _JOBS.c[column])
+                                         for column in STAGE_COLUMNS.values()}
+_FAILED = update(_JOBS).where(_JOBS.c.id == bindparam("job"), _JOBS.c.status != JobStatus.SUCCEEDED.value).values(
+    status=JobStatus.FAILED.value, error=bindparam("reason"), error_stage=bindparam("stage"),
+    finished_at=bindparam("finished"), **_TIMES)
+_SUCCEEDED = update(_JOBS).where(_JOBS.c.id == bindparam("job")).values(
+    status=JobStatus.SUCCEEDED.value, error=None, error_stage=None, engine=bindparam("engine"),
+    result_key=bindparam("result"), annotated_key=bindparam("annotated"), finished_at=bindparam("finished"), **_TIMES)
+
+
+def _upsert(stmt: postgresql.Insert | sqlite.Insert) -> postgresql.Insert | sqlite.Insert:
+    """Insert a results-index row, or replace the job's row when it was done before."""
+    return stmt.on_conflict_do_update(index_elements=[_RESULTS.c.job_id],
+                                      set_={c.name: stmt.excluded[c.name] for c in _RESULTS.c if c.name != "job_id"})
+
+
+_UPSERT_RESULT = {"postgresql": _upsert(postgresql.insert(_RESULTS)), "sqlite": _upsert(sqlite.insert(_RESULTS))}
+
+
 def finish_failed(db: Database, job_id: str, reason: str, stage: str | None,
                   timings: dict[str, float] | None = None) -> None:
     with db.session() as s:
-        s.execute(update(JobRow).where(JobRow.id == job_id, JobRow.status != JobStatus.SUCCEEDED.value)
-                  .values(status=JobStatus.FAILED.value, error=reason, error_stage=stage,
-                          finished_at=utcnow(), **_timing_values(timings or {})))
+        s.execute(_FAILED, {"job": job_id, "reason": reason, "stage": stage, "finished": utcnow(),
+                            **_timing_values(timings or {})})
 
 
 def finish_succeeded(db: Database, job: JobRow, result: PageResult, *, engine: str,
                      result_key: str, annotated_key: str | None, timings: dict[str, float]) -> None:
-    """Write the job's success and its results-index row in one transaction."""
+    """Write the job's success and its results-index row in one transaction of two statements (the
+    index row is inserted or, for a job done again, replaced in one)."""
     confidences = [ln.confidence for ln in result.lines if ln.confidence is not None]
+    now = utcnow()
+    row = dict(
+        job_id=job.id, content_sha256=job.content_sha256, task=result.task.value, engine=engine,
+        line_count=len(result.lines), mean_confidence=sum(confidences) / len(confidences) if confidences else None,
+        text=result.text, result_key=result_key, annotated_key=annotated_key, created_at=now)
     with db.session() as s:
-        s.execute(update(JobRow).where(JobRow.id == job.id).values(
-            status=JobStatus.SUCCEEDED.value, error=None, error_stage=None, engine=engine,
-            result_key=result_key, annotated_key=annotated_key, finished_at=utcnow(),
-            **_timing_values(timings)))
-        s.execute(delete(ResultRow).where(ResultRow.job_id == job.id))
-        s.add(ResultRow(
-            job_id=job.id, content_sha256=job.content_sha256, task=result.task.value, engine=engine,
-            line_count=len(result.lines),
-            mean_confidence=sum(confidences) / len(confidences) if confidences else None,
-            text=result.text, result_key=result_key, annotated_key=annotated_key, created_at=utcnow()))
+        s.execute(_SUCCEEDED, {"job": job.id, "engine": engine, "result": result_key, "annotated": annotated_key,
+                               "finished": now, **_timing_values(timings)})
+        s.execute(_UPSERT_RESULT[db.engine.dialect.name], row)
 
 
-def _timing_values(timings: dict[str, float]) -> dict[str, float]:
-    return {STAGE_COLUMNS[Stage(k)]: v for k, v in timings.items() if k in Stage._value2member_map_}
+def _timing_values(timings: dict[str, float]) -> dict[str, float | None]:
+    """Every stage column: the given seconds, None for a stage not given (the row keeps its value)."""
+    return {column: timings.get(stage.value) for stage, column in STAGE_COLUMNS.items()}
 
 
 def job_timings(row: JobRow) -> dict[str, float]:

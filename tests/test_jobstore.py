@@ -1,0 +1,88 @@
+"""How a page's attempt ends in the database, on both backends: what is written, what is kept, what is replaced."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg2
+import pytest
+from sqlalchemy import select
+
+from paperlane.schemas import JobStatus, Line, PageResult, Task
+from paperlane.storage import jobs as jobstore
+from paperlane.storage.db import Database
+from paperlane.storage.tables import ResultRow
+from tests.services import Service
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    else:
+        pg: Service = request.getfixturevalue("postgres_service")
+        name = f"j_{uuid.uuid4().hex[:12]}"
+        admin = psycopg2.connect(pg.url.replace("postgresql+psycopg2", "postgresql"))
+        admin.autocommit = True
+        admin.cursor().execute(f"CREATE DATABASE {name}")
+        admin.close()
+        url = pg.url.rsplit("/", 1)[0] + f"/{name}"
+    database = Database(url)
+    database.upgrade()
+    yield database
+    database.dispose()
+
+
+def new_job(db: Database) -> str:
+    job_id = str(uuid.uuid4())
+    jobstore.create_job(db, jobstore.NewJob(id=job_id, job_key=job_id.replace("-", "") * 2, content_sha256="c" * 64,
+                                            source="a.png", page=1, lane="batch", priority=5, task="spotting",
+                                            upload_s=0.5))
+    return job_id
+
+
+def result(job_id: str, text: str) -> PageResult:
+    return PageResult(job_id=job_id, source="a.png", status=JobStatus.SUCCEEDED, task=Task.SPOTTING, text=text,
+                      lines=[Line(text=text, confidence=0.5), Line(text=text, confidence=1.0)])
+
+
+def test_finish_failed_writes_the_reason_and_the_times_given_keeping_the_others(db: Database) -> None:
+    job_id = new_job(db)
+    started = jobstore.start_attempt(db, job_id, max_attempts=3)
+    assert started is not None and started.queue_wait_s is not None
+    jobstore.finish_failed(db, job_id, "cannot decode this image", "preprocess", {"preprocess": 0.25})
+    row = jobstore.get_job(db, job_id)
+    assert (row.status, row.error, row.error_stage) == ("failed", "cannot decode this image", "preprocess")
+    assert row.finished_at is not None
+    assert (row.upload_s, row.queue_wait_s, row.preprocess_s, row.inference_s) == (
+        0.5, started.queue_wait_s, 0.25, None)
+
+
+def test_finish_succeeded_twice_leaves_one_results_row_with_the_latest_values(db: Database) -> None:
+    job_id = new_job(db)
+    job = jobstore.start_attempt(db, job_id, max_attempts=3)
+    assert job is not None
+    timings = {"queue_wait": 0.1, "preprocess": 0.02, "inference": 1.5, "postprocess": 0.001, "store": 0.03}
+    jobstore.finish_succeeded(db, job, result(job_id, "first"), engine="e1", result_key="results/1.json",
+                              annotated_key="annotated/1.png", timings=timings)
+    jobstore.finish_succeeded(db, job, result(job_id, "second"), engine="e2", result_key="results/1.json",
+                              annotated_key="annotated/1.jpg", timings={**timings, "inference": 2.0})
+    row = jobstore.get_job(db, job_id)
+    assert (row.status, row.error, row.engine, row.annotated_key) == ("succeeded", None, "e2", "annotated/1.jpg")
+    assert (row.upload_s, row.inference_s, row.store_s) == (0.5, 2.0, 0.03)
+    with db.session() as s:
+        [indexed] = s.scalars(select(ResultRow).where(ResultRow.job_id == job_id)).all()
+    assert (indexed.text, indexed.engine, indexed.line_count, indexed.mean_confidence) == ("second", "e2", 2, 0.75)
+    assert indexed.annotated_key == "annotated/1.jpg"
+
+
+def test_a_page_that_succeeded_is_not_failed_by_a_late_attempt(db: Database) -> None:
+    job_id = new_job(db)
+    job = jobstore.start_attempt(db, job_id, max_attempts=3)
+    assert job is not None
+    jobstore.finish_succeeded(db, job, result(job_id, "done"), engine="e", result_key="r", annotated_key=None,
+                              timings={})
+    jobstore.finish_failed(db, job_id, "late", "store")
+    assert jobstore.get_job(db, job_id).status == "succeeded"
