@@ -134,3 +134,18 @@ def test_a_closed_batcher_refuses_pages_for_a_retry(make) -> None:
     with pytest.raises(EngineError) as err:
         batcher.submit(request("late"), priority=5)
     assert err.value.retryable and not isinstance(err.value, EngineUnavailable)
+
+
+def test_an_engine_answering_fewer_pages_fails_the_rest(make) -> None:
+    class Forgetful(StubEngine):
+        def infer(self, requests: Sequence[EngineRequest]) -> list[Outcome]:
+            return super().infer(requests)[:1]
+
+    engine = Forgetful()
+    batcher = make(engine)
+    hold_engine(engine, batcher)
+    futures = [batcher.submit(request(f"b{i}"), priority=5) for i in range(3)]
+    engine.gate.set()
+    outcomes = [f.result(5)[0] for f in futures]
+    assert isinstance(outcomes[0], EngineOutput)
+    assert all(isinstance(o, EngineError) and "no answer" in str(o) for o in outcomes[1:])

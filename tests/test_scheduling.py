@@ -202,6 +202,7 @@ def test_redis_work_grows_with_pages_not_with_time(stack_factory: Callable[..., 
     busy = commands() - t0
     assert busy < 40 * 25, busy  # per page: pop, ack, a lane change or two; never a poll per tick
     # Still a plain Celery worker: remote control answers (what `celery inspect` and Flower use).
-    ping = subprocess.run([sys.executable, "-m", "celery", "-b", stack.settings.redis.url, "inspect", "ping",
-                           "-t", "5"], capture_output=True, text=True, timeout=60)
+    ping = subprocess.run([sys.executable, "-m", "celery", "-A", "paperlane.priority.celery_app", "inspect", "ping",
+                           "-t", "5"], capture_output=True, text=True, timeout=60,
+                          env={**stack.env(), "PAPERLANE_REDIS__URL": stack.settings.redis.url}, cwd=stack.root)
     assert ping.returncode == 0 and "w1@test" in ping.stdout and "pong" in ping.stdout, ping.stdout + ping.stderr

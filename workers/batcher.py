@@ -163,6 +163,10 @@ class MicroBatcher:
             except Exception as exc:  # an engine bug fails this batch's pages, not the worker
                 log.exception("engine failed on a batch of %d", len(batch))
                 outcomes = [exc] * len(batch)  # type: ignore[list-item]
+            if len(outcomes) != len(batch):  # an engine bug must not leave pages waiting forever
+                log.error("engine returned %d outcomes for %d pages", len(outcomes), len(batch))
+                missing = EngineError("the engine returned no answer for this page", stage="inference")
+                outcomes = (outcomes + [missing] * len(batch))[: len(batch)]
             seconds = time.perf_counter() - t0
             with self._stats_lock:
                 self.stats.batches += 1

@@ -33,6 +33,7 @@ from paperlane.storage import jobs as jobstore
 from paperlane.storage.tables import JobRow
 from paperlane.workers.attempts import Action, Decision, settle
 from paperlane.workers.pipeline import PageOutcome, Runtime, process_page, result_json
+from paperlane.workers.render import format_of
 
 log = logging.getLogger(__name__)
 
@@ -52,14 +53,13 @@ class RunSummary:
 def run_embedded(rt: Runtime, pages: Iterable[PageInput], *, out_dir: Path, spec: TaskSpec,
                  lane: Lane = Lane.BATCH, force: bool = False,
                  on_page: Callable[[str, PageResult], None] | None = None) -> RunSummary:
-    """Process ``pages`` and write ``out_dir/<name>.json`` (+ ``.png`` on success) for each."""
+    """Process ``pages`` and write ``out_dir/<name>.json`` (+ the annotated image on success) for each."""
     t0 = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = RunSummary()
 
     def emit(name: str, result: PageResult, image: bytes | None) -> None:
         # Imported here to keep this change inside emit (the rest of the module is being rewritten).
-        from paperlane.workers.render import format_of
 
         (out_dir / f"{name}.json").write_bytes(result_json(result))
         if image is not None:
