@@ -101,6 +101,8 @@ def main() -> int:
     p.add_argument("--slots", type=int, default=16, help="the engine's sequences at once (vLLM --max-num-seqs)")
     p.add_argument("--latency", type=float, default=0.32, help="seconds each page holds an engine slot")
     p.add_argument("--processes", type=int, default=2, help="CPU preprocessing processes")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a paperlane setting as in the environment without the prefix, e.g. ENGINE__MAX_IN_FLIGHT=32")
     p.add_argument("--embedded", action="store_true", help="measure `paperlane run` instead of a worker")
     p.add_argument("--log", help="keep the worker's (or the run's) log here")
     args = p.parse_args()
@@ -125,7 +127,8 @@ def run_worker(args: argparse.Namespace, root: Path, pages: Iterator[bytes], sim
     """Queue the pages, start a worker, time it from ready to the last page stored."""
     svc = start_services(root)
     try:
-        config = write_config(svc, root, WORKER__PREPROCESS_PROCESSES=str(args.processes))
+        config = write_config(svc, root, WORKER__PREPROCESS_PROCESSES=str(args.processes),
+                              **dict(kv.split("=", 1) for kv in args.set))
         settings = load_settings(config)
         db = Database(settings.database_url)
         db.upgrade()

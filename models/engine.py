@@ -59,9 +59,13 @@ class Capacity:
 
     @classmethod
     def continuous(cls, max_in_flight: int) -> Capacity:
-        """For a continuously batching server: up to ``max_in_flight`` requests there, in small batches."""
-        size = max(1, min(8, max_in_flight))
-        return cls(batch_size=size, batches_in_flight=max(1, max_in_flight // size))
+        """For a continuously batching server: up to ``max_in_flight`` requests there, each sent on its own.
+
+        The server forms the batches (vLLM adds a request to the running batch at its next step), so
+        the worker sends every page as soon as it is ready and a place is free. Grouping pages first
+        would only add waits: a group waits to fill, and holds its places until its slowest page is back.
+        """
+        return cls(batch_size=1, batches_in_flight=max(1, max_in_flight))
 
 
 @dataclass

@@ -82,7 +82,8 @@ class EngineSettings(BaseModel):
     model: str | None = Field(None, description="served model name (vllm) or a local model folder")
     profile: str = "hunyuanocr-1.0"
     api_key: SecretStr | None = None
-    max_in_flight: int = 16
+    # Twice the documented --max-num-seqs: the server always has the next pages queued, by priority.
+    max_in_flight: int = 32
     request_timeout: float = 120.0
     startup_timeout: float = 600.0
     max_tokens: int = 4096
@@ -108,8 +109,9 @@ class WorkerSettings(BaseModel):
     batch_size: int = Field(0, ge=0, description="pages per engine call; 0 = what the engine prefers")
     batch_wait: float = Field(0.25, ge=0, description="most seconds a micro-batch waits for pages that are "
                               "still being preprocessed (never for pages not yet started, never with interactive)")
-    slots: int = Field(0, ge=0, description="pages in progress per worker; 0 = two batches more than the "
-                       "engine runs at once (prepared ahead), plus one batch kept free for interactive pages")
+    slots: int = Field(0, ge=0, description="pages in progress per worker; 0 = the pages the engine runs at "
+                       "once, as many again (at least two batches) prepared and stored around them, and a "
+                       "reserve (a batch, or a quarter of the engine's pages) kept free for interactive pages")
     batch_share: float = Field(0.2, gt=0, le=0.5, description="share of starts batch keeps under interactive load")
     max_attempts: int = Field(3, ge=1)
     retry_backoff: float = Field(2.0, ge=0, description="seconds before the first retry; doubles each time")

@@ -66,11 +66,12 @@ class Runtime:
         batch_size = cfg.batch_size or cap.batch_size
         batcher = MicroBatcher(engine, max_size=batch_size, max_wait=cfg.batch_wait, urgent_below=LEVELS_PER_LANE,
                                dispatchers=cap.batches_in_flight, batch_share=cfg.batch_share)
-        # Enough slots for the batches in the engine plus two more being fetched and prepared (the
-        # engine never waits for the CPU), and one batch more kept free for interactive pages, so
-        # they start at once even behind a backlog.
-        reserve = batch_size
-        slots = cfg.slots or batch_size * (cap.batches_in_flight + 2) + reserve
+        # Enough slots for the pages in the engine plus as many again being fetched, prepared and
+        # stored around it (at least two batches: the engine never waits for the CPU), and a reserve
+        # kept free for interactive pages, so they start at once even behind a backlog.
+        in_engine = batch_size * cap.batches_in_flight
+        reserve = max(batch_size, -(-in_engine // 4))
+        slots = cfg.slots or in_engine + max(2 * batch_size, in_engine) + reserve
         log.info("engine %s: batches of %d, %d in flight, %d page slots", engine.info.name, batch_size,
                  cap.batches_in_flight, slots)
         return cls(settings=settings, db=db, store=store, engine=engine, pool=CpuPool(settings, store=store),
