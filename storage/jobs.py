@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 
 from paperlane.errors import JobNotFound
 from paperlane.schemas import JobStatus, PageResult, Stage
-from paperlane.storage.db import Database, as_utc, utcnow
+from paperlane.storage.db import Database, utcnow
 from paperlane.storage.tables import JobRow, ResultRow
 
 STAGE_COLUMNS: dict[Stage, str] = {stage: f"{stage.value}_s" for stage in Stage}
@@ -97,26 +97,47 @@ def start_attempt(db: Database, job_id: str, *, max_attempts: int | None) -> Job
     Nothing to do: the job already finished (a redelivered message), or its earlier attempts all
     died with their worker (it was still ``running``) and it has used up ``max_attempts`` — then
     it is failed here, so a page that kills workers cannot loop forever (``None``: no such limit).
+
+    The usual case is one statement (``UPDATE ... RETURNING``); the row is read first only when
+    that finds nothing to start, to say why.
     """
     now = utcnow()
+    startable = JobRow.status == JobStatus.QUEUED.value
+    if max_attempts is None:
+        startable = startable | (JobRow.status == JobStatus.RUNNING.value)
+    else:
+        startable = startable | ((JobRow.status == JobStatus.RUNNING.value) & (JobRow.attempts < max_attempts))
+    stmt = (update(JobRow).where(JobRow.id == job_id, startable)
+            .values(status=JobStatus.RUNNING.value, attempts=JobRow.attempts + 1, started_at=now,
+                    queue_wait_s=func.coalesce(JobRow.queue_wait_s, _seconds_since(JobRow.created_at, now, db)))
+            .returning(JobRow))
     with db.session() as s:
-        row = s.get(JobRow, job_id, with_for_update=True)
-        if row is None:
-            raise JobNotFound(f"no job with id {job_id}")
-        if JobStatus(row.status).terminal:
-            return None
-        if max_attempts is not None and row.status == JobStatus.RUNNING.value and row.attempts >= max_attempts:
-            row.status = JobStatus.FAILED.value
-            row.error = f"processing stopped the worker {row.attempts} times; giving up on this page"
-            row.error_stage = row.error_stage or "inference"
-            row.finished_at = now
-            return None
-        if row.queue_wait_s is None:
-            row.queue_wait_s = max(0.0, (now - as_utc(row.created_at)).total_seconds())  # type: ignore[operator]
-        row.status = JobStatus.RUNNING.value
-        row.attempts += 1
-        row.started_at = now
-        return row
+        row = s.scalars(stmt, execution_options={"synchronize_session": False}).one_or_none()
+        if row is not None:
+            return row
+        return _not_started(s, job_id, max_attempts, now)
+
+
+def _seconds_since(column: Any, now: Any, db: Database) -> ColumnElement[float]:
+    """SQL for the seconds from ``column`` to ``now`` (clamped at 0), in the database's own dialect."""
+    at = bindparam("now_at", now, type_=JobRow.__table__.c.created_at.type)
+    if db.engine.dialect.name == "postgresql":
+        seconds: ColumnElement[float] = func.extract("epoch", at - column)
+    else:  # SQLite keeps timestamps as ISO text
+        seconds = (func.julianday(at) - func.julianday(column)) * 86400.0
+    return func.greatest(seconds, 0.0) if db.engine.dialect.name == "postgresql" else func.max(seconds, 0.0)
+
+
+def _not_started(s: Any, job_id: str, max_attempts: int | None, now: Any) -> None:
+    row = s.get(JobRow, job_id, with_for_update=True)
+    if row is None:
+        raise JobNotFound(f"no job with id {job_id}")
+    if max_attempts is not None and row.status == JobStatus.RUNNING.value and row.attempts >= max_attempts:
+        row.status = JobStatus.FAILED.value
+        row.error = f"processing stopped the worker {row.attempts} times; giving up on this page"
+        row.error_stage = row.error_stage or "inference"
+        row.finished_at = now
+    return None  # finished already, or failed just now
 
 
 def record_retry(db: Database, job_id: str, reason: str, stage: str | None) -> None:

@@ -86,3 +86,23 @@ def test_a_page_that_succeeded_is_not_failed_by_a_late_attempt(db: Database) -> 
                               timings={})
     jobstore.finish_failed(db, job_id, "late", "store")
     assert jobstore.get_job(db, job_id).status == "succeeded"
+
+
+def test_start_attempt_counts_attempts_and_keeps_the_first_queue_wait(db: Database) -> None:
+    import time
+
+    from paperlane.errors import JobNotFound
+
+    job_id = new_job(db)
+    time.sleep(0.05)
+    first = jobstore.start_attempt(db, job_id, max_attempts=2)
+    assert first is not None and first.status == "running" and first.attempts == 1
+    assert first.queue_wait_s is not None and 0.04 < first.queue_wait_s < 30
+    again = jobstore.start_attempt(db, job_id, max_attempts=2)  # its worker died: redelivered
+    assert again is not None and again.attempts == 2 and again.queue_wait_s == first.queue_wait_s
+    assert jobstore.start_attempt(db, job_id, max_attempts=2) is None  # it stopped two workers: given up
+    row = jobstore.get_job(db, job_id)
+    assert row.status == "failed" and "giving up" in (row.error or "") and row.attempts == 2
+    assert jobstore.start_attempt(db, job_id, max_attempts=None) is None  # finished: nothing to do
+    with pytest.raises(JobNotFound):
+        jobstore.start_attempt(db, str(uuid.uuid4()), max_attempts=2)
