@@ -115,20 +115,21 @@ def start_attempt(db: Database, job_id: str, *, max_attempts: int | None) -> Job
         row = s.scalars(stmt, execution_options={"synchronize_session": False}).one_or_none()
         if row is not None:
             return row
-        return _not_started(s, job_id, max_attempts, now)
+        _not_started(s, job_id, max_attempts, now)
+        return None
 
 
-def _seconds_since(column: Any, now: Any, db: Database) -> ColumnElement[float]:
+def _seconds_since(column: Any, now: Any, db: Database) -> ColumnElement[Any]:
     """SQL for the seconds from ``column`` to ``now`` (clamped at 0), in the database's own dialect."""
     at = bindparam("now_at", now, type_=JobRow.__table__.c.created_at.type)
     if db.engine.dialect.name == "postgresql":
-        seconds: ColumnElement[float] = func.extract("epoch", at - column)
-    else:  # SQLite keeps timestamps as ISO text
-        seconds = (func.julianday(at) - func.julianday(column)) * 86400.0
-    return func.greatest(seconds, 0.0) if db.engine.dialect.name == "postgresql" else func.max(seconds, 0.0)
+        return func.greatest(func.extract("epoch", at - column), 0.0)
+    # SQLite keeps timestamps as ISO text.
+    return func.max((func.julianday(at) - func.julianday(column)) * 86400.0, 0.0)
 
 
 def _not_started(s: Any, job_id: str, max_attempts: int | None, now: Any) -> None:
+    """Nothing was started: raise JobNotFound, or fail a page whose attempts all died with their worker."""
     row = s.get(JobRow, job_id, with_for_update=True)
     if row is None:
         raise JobNotFound(f"no job with id {job_id}")
@@ -137,7 +138,6 @@ def _not_started(s: Any, job_id: str, max_attempts: int | None, now: Any) -> Non
         row.error = f"processing stopped the worker {row.attempts} times; giving up on this page"
         row.error_stage = row.error_stage or "inference"
         row.finished_at = now
-    return None  # finished already, or failed just now
 
 
 def record_retry(db: Database, job_id: str, reason: str, stage: str | None) -> None:
