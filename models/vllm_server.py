@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import logging
 import time
 from collections.abc import Sequence
@@ -37,6 +38,9 @@ from paperlane.settings import EngineSettings
 log = logging.getLogger(__name__)
 
 _STAGE = "inference"
+# Stands in for the image's data URL while the request body is JSON-encoded (see ``_post``).
+_IMAGE_SLOT = "\u0000paperlane-image\u0000"
+_IMAGE_SLOT_JSON = json.dumps(_IMAGE_SLOT).encode()
 
 
 class VllmServerEngine(VlmEngineBase):
@@ -179,22 +183,28 @@ class VllmServerEngine(VlmEngineBase):
         image = req.image
         if image.data is None:
             raise EngineError("the vllm engine needs an encoded image", stage=_STAGE)
-        url = f"data:{image.mime or 'image/jpeg'};base64,{base64.b64encode(image.data).decode()}"
-        body: dict[str, Any] = {"model": self._model, "messages": self._profile.messages(req.spec, url),
+        url = b"data:" + (image.mime or "image/jpeg").encode() + b";base64," + base64.b64encode(image.data)
+        body: dict[str, Any] = {"model": self._model, "messages": self._profile.messages(req.spec, _IMAGE_SLOT),
                                 **self._profile.sampling(req.spec, max_tokens=self._max_tokens)}
         if self._sends_priority:
             body["priority"] = req.priority
-        resp = await self._post(body)
+        resp = await self._post(body, url)
         if "priority" in body and _refuses_priority(resp):
             self._stop_sending_priority(resp)
             del body["priority"]
-            resp = await self._post(body)
+            resp = await self._post(body, url)
         return _answer(resp)
 
-    async def _post(self, body: dict[str, Any]) -> httpx.Response:
+    async def _post(self, body: dict[str, Any], image_url: bytes) -> httpx.Response:
         assert self._client is not None
+        # The data URL (hundreds of kB of base64, which needs no JSON escaping) is spliced into the
+        # encoded body instead of being run through the JSON encoder: that scan was a tenth of a
+        # worker's busy time at 50 pages/s.
+        raw = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        raw = raw.replace(_IMAGE_SLOT_JSON, b'"' + image_url + b'"', 1)
         try:
-            return await self._client.post(f"{self._base}/chat/completions", json=body)
+            return await self._client.post(f"{self._base}/chat/completions", content=raw,
+                                           headers={"content-type": "application/json"})
         except httpx.TimeoutException as exc:
             raise EngineUnavailable(f"vllm server timed out after {self._cfg.request_timeout:.0f}s",
                                     stage=_STAGE) from exc
