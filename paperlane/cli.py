@@ -97,7 +97,7 @@ def _spec(task: Task, fields: list[str] | None, to: str) -> TaskSpec:
 @app.command()
 def run(
     paths: Annotated[list[Path], typer.Argument(help="images, PDFs, TIFFs, folders, zip/tar archives")],
-    out_dir: Annotated[Path, typer.Option("--out", "-o", help="where <name>.json and the annotated <name>.jpg go")],
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="where <name>.json and <name>.annotated.jpg go")],
     task: TaskOpt = Task.SPOTTING, field: FieldOpt = None, to: LangOpt = "English",
     lane: LaneOpt = Lane.BATCH, force: ForceOpt = False,
     engine: EngineOpt = None, engine_url: EngineUrlOpt = None, model: ModelOpt = None, profile: ProfileOpt = None,

@@ -56,13 +56,13 @@ def test_png_on_request_and_a_later_run_keeps_each_pages_format(tmp_path: Path) 
 
     first, second = ("first", render_page(sample_lines(1))), ("second", render_page(sample_lines(2)))
     rt = run(ImageFormat.PNG, tmp_path / "a", [first])
-    assert format_of((tmp_path / "a/first.png").read_bytes()) is ImageFormat.PNG
+    assert format_of((tmp_path / "a/first.annotated.png").read_bytes()) is ImageFormat.PNG
     [row] = jobstore.get_jobs(rt.db, [r.id for r in _all_jobs(rt)])
     assert row.annotated_key == f"annotated/{row.id}.png"
     # Back to the default: the page done before is copied out as the PNG it is, the new one is a JPEG.
     run(ImageFormat.JPEG, tmp_path / "b", [first, second])
-    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["first.json", "first.png", "second.jpg",
-                                                                    "second.json"]
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["first.annotated.png", "first.json",
+                                                                    "second.annotated.jpg", "second.json"]
 
 
 def _all_jobs(rt: Runtime) -> list:

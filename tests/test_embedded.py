@@ -36,7 +36,7 @@ def test_run_writes_the_output_contract(embedded: Stack, tmp_path: Path) -> None
         assert result["status"] == "succeeded" and result["error"] is None
         assert cer(result["text"], truth) < 0.02, (name, result["text"])
         assert {"preprocess", "inference", "postprocess", "store"} <= set(result["timings"])
-        assert cv2.imread(str(out / f"{name}.jpg")) is not None  # the annotated image: JPEG unless asked
+        assert cv2.imread(str(out / f"{name}.annotated.jpg")) is not None  # the annotated image: JPEG unless asked
         for line in result["lines"]:
             xs, ys = [p[0] for p in line["quad"]], [p[1] for p in line["quad"]]
             assert 0 <= min(xs) and max(xs) <= result["width"] + 2 and max(ys) <= result["height"] + 2
@@ -60,7 +60,7 @@ def test_run_reports_bad_pages_and_exits_1(embedded: Stack, tmp_path: Path) -> N
     for name in ("empty", "text-named", "huge-declared", "truncated"):
         assert statuses[name]["status"] == "failed"
         assert statuses[name]["error"] and "\n" not in statuses[name]["error"]
-        assert not list(out.glob(f"{name}.*g"))  # no annotated image (.jpg, .png) for a failed page
+        assert not list(out.glob(f"{name}.annotated.*"))  # no annotated image for a failed page
 
 
 def test_run_twice_resumes_instead_of_redoing(embedded: Stack, tmp_path: Path) -> None:

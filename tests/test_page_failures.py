@@ -185,7 +185,7 @@ def test_a_run_with_misbehaving_pages_reports_each_and_finishes(runtime: Callabl
     assert results["memory"]["error"] == "not enough memory to process this page"
     assert results["garbage"]["error"] == INTERNAL_REASON
     assert results["wide"]["error"].startswith("cannot decode this image (OpenCV: ")
-    assert sorted(p.name for p in out.glob("*.jpg")) == ["good-too.jpg", "good.jpg"]
+    assert sorted(p.name for p in out.glob("*.jpg")) == ["good-too.annotated.jpg", "good.annotated.jpg"]
     rows = jobstore.get_jobs(rt.db, [r["job_id"] for r in results.values()])
     assert sorted(row.status for row in rows) == ["failed"] * 3 + ["succeeded"] * 2
     assert rt.batcher.expected == 0

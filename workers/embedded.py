@@ -59,13 +59,13 @@ def run_embedded(rt: Runtime, pages: Iterable[PageInput], *, out_dir: Path, spec
     summary = RunSummary()
 
     def emit(name: str, result: PageResult, image: bytes | None) -> None:
-        # Imported here to keep this change inside emit (the rest of the module is being rewritten).
-
         (out_dir / f"{name}.json").write_bytes(result_json(result))
         if image is not None:
             # A page done by an earlier run may have been stored in another format: its bytes say which.
+            # "<name>.annotated.jpg", never "<name>.jpg": run with --out on the input folder must not
+            # overwrite the scans themselves.
             fmt = format_of(image) or rt.settings.worker.annotated_format
-            (out_dir / f"{name}.{fmt.suffix}").write_bytes(image)
+            (out_dir / f"{name}.annotated.{fmt.suffix}").write_bytes(image)
         summary.pages += 1
         summary.failed += result.status is JobStatus.FAILED
         summary.timings.append(result.timings)
