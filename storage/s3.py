@@ -33,7 +33,11 @@ class S3Store:
             aws_access_key_id=cfg.access_key_id,
             aws_secret_access_key=cfg.secret_access_key.get_secret_value() if cfg.secret_access_key else None,
             config=Config(retries={"max_attempts": 4, "mode": "standard"}, connect_timeout=5, read_timeout=60,
-                          s3={"addressing_style": "path"}, max_pool_connections=cfg.max_connections),
+                          # Every page costs a GET and two PUTs: skip botocore's client-side parameter
+                          # validation (our own calls, fixed shapes) and the SHA-256 of each body that
+                          # SigV4 adds over plain HTTP (TLS or S3's own checksums cover integrity).
+                          s3={"addressing_style": "path", "payload_signing_enabled": False},
+                          parameter_validation=False, max_pool_connections=cfg.max_connections),
         )
         store = cls(client, cfg.bucket, prefix=cfg.prefix)
         if cfg.create_bucket:
