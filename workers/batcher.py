@@ -69,7 +69,12 @@ class MicroBatcher:
         self._heaps: dict[Lane, list[_Pending]] = {lane: [] for lane in Lane}
         self._policy = LanePolicy(batch_share=batch_share)
         self._seq = itertools.count()
-        self._cond = threading.Condition()
+        # One lock, two conditions: a page wakes ONE idle dispatcher (and the urgent one, for an urgent
+        # page), not all of them. With dozens of dispatchers for a server engine, waking every one on
+        # every page cost more CPU than the page's own trip to the engine.
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)
+        self._urgent = threading.Condition(lock)
         self._closed = False
         self._expected = 0  # pages being preprocessed that will be submitted
         self.stats = BatcherStats()
@@ -98,7 +103,7 @@ class MicroBatcher:
         """An expected page will not come (it failed before inference)."""
         with self._cond:
             self._expected = max(0, self._expected - 1)
-            self._cond.notify_all()
+            self._cond.notify_all()  # only dispatchers waiting for a batch to fill care, and they are few
 
     def submit(self, request: EngineRequest, *, priority: int) -> Future[tuple[Outcome, float]]:
         """Queue one prepared page; the future gives its outcome and the seconds its batch took."""
@@ -109,36 +114,49 @@ class MicroBatcher:
             self._expected = max(0, self._expected - 1)
             lane = Lane.INTERACTIVE if priority < self._urgent_below else Lane.BATCH
             heapq.heappush(self._heaps[lane], _Pending(priority, next(self._seq), request, fut, time.monotonic()))
-            self._cond.notify_all()
+            self._cond.notify()
+            if lane is Lane.INTERACTIVE:
+                self._urgent.notify()
         return fut
 
     def close(self) -> None:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+            self._urgent.notify_all()
         for thread in self._threads:
             thread.join(timeout=30)
 
     def _take(self, urgent_only: bool) -> list[_Pending] | None:
         with self._cond:
-            while not self._closed and not (self._urgent_first() if urgent_only else self._ready()):
-                self._cond.wait()
-            if not self._ready():
-                return None
-            # Wait for a fuller batch only while pages are on their way (preprocessing), at most
-            # max_wait, and never when an urgent page is waiting.
-            deadline = min(h[0].since for h in self._heaps.values() if h) + self._max_wait
-            while self._ready() < self._max_size and self._expected > 0 and not self._closed \
-                    and not self._urgent_first():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._cond.wait(left)
-            batch: list[_Pending] = []
-            while len(batch) < self._max_size and (lane := self._next_lane(urgent_only)) is not None:
-                batch.append(heapq.heappop(self._heaps[lane]))
-                self._policy.started(lane)
-            return batch
+            while True:
+                batch = self._take_locked(urgent_only)
+                if batch is None or batch:
+                    return batch
+                if self._closed:  # only pages this dispatcher may not take are left: the others drain them
+                    return None
+                # else another dispatcher took the pages this one was waiting to fill up with
+
+    def _take_locked(self, urgent_only: bool) -> list[_Pending] | None:
+        wake = self._urgent if urgent_only else self._cond
+        while not self._closed and not (self._urgent_first() if urgent_only else self._ready()):
+            wake.wait()
+        if not self._ready():
+            return None
+        # Wait for a fuller batch only while pages are on their way (preprocessing), at most
+        # max_wait, and never when an urgent page is waiting.
+        deadline = min(h[0].since for h in self._heaps.values() if h) + self._max_wait
+        while self._ready() < self._max_size and self._expected > 0 and not self._closed \
+                and not self._urgent_first():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._cond.wait(left)
+        batch: list[_Pending] = []
+        while len(batch) < self._max_size and (lane := self._next_lane(urgent_only)) is not None:
+            batch.append(heapq.heappop(self._heaps[lane]))
+            self._policy.started(lane)
+        return batch
 
     def _ready(self) -> int:
         return sum(map(len, self._heaps.values()))
