@@ -31,6 +31,11 @@ class Lane(str, Enum):
     def base_priority(self) -> int:
         return 0 if self is Lane.INTERACTIVE else LEVELS_PER_LANE
 
+    @classmethod
+    def of_queue(cls, queue: str | None) -> Lane | None:
+        """The lane whose queue is named ``queue`` (a message's routing key); None for any other name."""
+        return next((lane for lane in cls if lane.queue == queue), None)
+
 
 ALL_QUEUES: tuple[str, ...] = tuple(lane.queue for lane in Lane)
 

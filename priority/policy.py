@@ -65,7 +65,3 @@ class LanePolicy:
         """Record that a page of ``lane`` is done (its slot is free again)."""
         with self._lock:
             self._running[lane] = max(0, self._running[lane] - 1)
-
-    def running(self, lane: Lane) -> int:
-        with self._lock:
-            return self._running[lane]

@@ -35,7 +35,6 @@ class ConsumerLanes:
         self._batch_keys = broker_keys(Lane.BATCH)
         self._consumer: Any = None
         self._wanted: frozenset[Lane] | None = None
-        self.checks = 0  # Redis round trips made to ask whether batch pages wait
 
     def attach(self, consumer: Any) -> None:
         """The worker's consumer is running: apply the open lanes decided so far."""
@@ -47,7 +46,6 @@ class ConsumerLanes:
         self._consumer = None
 
     def batch_waiting(self) -> bool:
-        self.checks += 1
         try:
             pipe = self._redis.pipeline(transaction=False)
             for key in self._batch_keys:
@@ -83,7 +81,7 @@ def install_lane_gate(app: Celery, scheduler: LaneScheduler, source: ConsumerLan
 
     def on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
         queue = ((request.delivery_info if request is not None else None) or {}).get("routing_key")
-        lane = next((lane for lane in Lane if lane.queue == queue), None)
+        lane = Lane.of_queue(queue)
         if lane is not None:
             scheduler.started(lane)
 

@@ -142,7 +142,7 @@ def _attempt(rt: Runtime, job: JobRow, timings: dict[str, float]) -> PageOutcome
     waited = max(0.0, time.perf_counter() - ready - own)
     timings[Stage.QUEUE_WAIT.value] = timings.get(Stage.QUEUE_WAIT.value, 0.0) + waited
     if isinstance(outcome, EngineOutput):
-        return _finish(rt, job, prep.page, outcome, timings)
+        return _finish(rt, job, spec, prep.page, outcome, timings)
     if not isinstance(outcome, Exception):  # an engine broke its contract: say what it gave, not a traceback
         log.error("job %s: the engine returned %s, not a result", job.id, type(outcome).__name__)
         outcome = PaperlaneError(INTERNAL_REASON, stage=Stage.INFERENCE.value)
@@ -164,10 +164,10 @@ def _prepared(rt: Runtime, job: JobRow, *, urgent: bool) -> Prepared:
     return Prepared(None, InputError("this page crashes the image decoder", stage="preprocess"), 0.0)
 
 
-def _finish(rt: Runtime, job: JobRow, page: PreparedPage, output: EngineOutput,
+def _finish(rt: Runtime, job: JobRow, spec: TaskSpec, page: PreparedPage, output: EngineOutput,
             timings: dict[str, float]) -> PageOutcome:
     t0 = time.perf_counter()
-    result = build_result(job_id=job.id, source=job.source, page=job.page, spec=task_spec(job), output=output,
+    result = build_result(job_id=job.id, source=job.source, page=job.page, spec=spec, output=output,
                           image=page.image, size=(page.width, page.height), engine=rt.engine.info)
     t1 = time.perf_counter()
     timings[Stage.POSTPROCESS.value] = t1 - t0

@@ -77,7 +77,7 @@ def register_tasks(app: Celery, runtime: Runtime, *, lanes: list[Lane] | None = 
 
 def _lane_of(task: Task) -> Lane:
     queue = (task.request.delivery_info or {}).get("routing_key")
-    return next((lane for lane in Lane if lane.queue == queue), Lane.BATCH)
+    return Lane.of_queue(queue) or Lane.BATCH
 
 
 def handle_page(rt: Runtime, parts: WorkerParts, job_id: str, lane: Lane, delivery: dict) -> str:

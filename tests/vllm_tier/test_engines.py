@@ -77,28 +77,19 @@ def test_server_engine_keeps_the_default_max_tokens_within_max_model_len(vllm_se
         engine.close()
 
 
-def test_server_engine_sends_priorities_to_a_priority_server(vllm_server: VllmServer,
-                                                            caplog: pytest.LogCaptureFixture) -> None:
-    engine = build_engine(EngineSettings(kind="vllm", url=vllm_server.url, max_tokens=MAX_TOKENS))
+# vLLM 0.32 documents an error for a non-zero priority without --scheduling-policy priority, yet accepts and
+# ignores it: pages succeed at either server and the client keeps sending priorities (a refusal would cost one
+# warning and a resend; tests/test_vllm_client.py covers that against the simulated engine).
+@pytest.mark.parametrize(("server", "priorities"), [("vllm_server", list(range(10))),
+                                                    ("fcfs_vllm_server", [5, 9, 1, 0])])
+def test_server_engine_sends_priorities(server: str, priorities: list[int], request: pytest.FixtureRequest,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    url = request.getfixturevalue(server).url  # the fcfs server starts only for the test that needs it
+    engine = build_engine(EngineSettings(kind="vllm", url=url, max_tokens=MAX_TOKENS))
     engine.start()
     try:
         with caplog.at_level(logging.WARNING, logger="paperlane.models.vllm_server"):
-            _check_outputs(engine.infer(_requests(engine, 10, priorities=list(range(10)))), 10)
-        assert engine.sends_priority and not caplog.records
-    finally:
-        engine.close()
-
-
-def test_server_engine_with_priorities_at_a_fcfs_server(fcfs_vllm_server: VllmServer,
-                                                       caplog: pytest.LogCaptureFixture) -> None:
-    # vLLM 0.32 documents an error for a non-zero priority without --scheduling-policy priority, yet accepts
-    # and ignores it: pages succeed and the client keeps sending priorities (a refusal would cost one warning
-    # and a resend; tests/test_vllm_client.py covers that against the simulated engine).
-    engine = build_engine(EngineSettings(kind="vllm", url=fcfs_vllm_server.url, max_tokens=MAX_TOKENS))
-    engine.start()
-    try:
-        with caplog.at_level(logging.WARNING, logger="paperlane.models.vllm_server"):
-            _check_outputs(engine.infer(_requests(engine, 4, priorities=[5, 9, 1, 0])), 4)
+            _check_outputs(engine.infer(_requests(engine, len(priorities), priorities=priorities)), len(priorities))
         assert engine.sends_priority and not caplog.records
     finally:
         engine.close()
