@@ -122,6 +122,20 @@ class WorkerSettings(BaseModel):
     annotated_max_side: int = Field(1000, ge=100, le=8000, description="longest side of the annotated image, px")
 
 
+class IngestSettings(BaseModel):
+    """Limits on what one submit or run reads: each refusal is one readable line on that item, the rest goes on."""
+
+    max_document_bytes: int = Field(512 * 1024 * 1024, ge=1, description="one file or archive member, "
+                                    "uncompressed (it is held in memory or a spooled temp file)")
+    max_archive_bytes: int = Field(64 * 1024**3, ge=1, description="all members of one archive, uncompressed")
+    max_members: int = Field(1_000_000, ge=1, description="members of one archive")
+    max_ratio: float = Field(200.0, ge=1, description="uncompressed/compressed size of a member (zip bombs)")
+    max_depth: int = Field(3, ge=0, description="archives nested in archives")
+    max_pages: int = Field(10_000, ge=1, description="pages of one PDF or TIFF")
+    spool_bytes: int = Field(32 * 1024 * 1024, ge=0, description="larger members go to a temp file, not memory")
+    upload_threads: int = Field(16, ge=1, description="originals uploaded in parallel by submit")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="PAPERLANE_",
@@ -137,6 +151,7 @@ class Settings(BaseSettings):
     storage: StorageSettings = Field(default_factory=StorageSettings)
     engine: EngineSettings = Field(default_factory=EngineSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    ingest: IngestSettings = Field(default_factory=IngestSettings)
 
     @property
     def database_url(self) -> str:
