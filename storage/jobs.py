@@ -16,6 +16,7 @@ from sqlalchemy.exc import IntegrityError
 
 from paperlane.errors import JobNotFound
 from paperlane.schemas import JobStatus, PageResult, Stage
+from paperlane.storage import ingests
 from paperlane.storage.db import Database, utcnow
 from paperlane.storage.tables import JobRow, ResultRow
 
@@ -63,8 +64,13 @@ def _by_key(db: Database, job_key: str) -> JobRow | None:
 
 
 def requeue(db: Database, job_id: str, *, upload_s: float | None = None) -> None:
-    """Put a finished job back in the queue (resubmission of a failed page, or --force)."""
+    """Put a finished job back in the queue (resubmission of a failed page, or --force); its pages
+    leave the counts they were in."""
     with db.session() as s:
+        was = s.scalar(select(JobRow.status).where(JobRow.id == job_id).with_for_update())
+        if was in (JobStatus.SUCCEEDED.value, JobStatus.FAILED.value):
+            ingests.rollup(s, job_id, succeeded=-(was == JobStatus.SUCCEEDED.value),
+                           failed=-(was == JobStatus.FAILED.value), now=utcnow())
         s.execute(update(JobRow).where(JobRow.id == job_id).values(
             status=JobStatus.QUEUED.value, error=None, error_stage=None, attempts=0,
             started_at=None, finished_at=None, created_at=utcnow(), enqueued_at=None, upload_s=upload_s,
@@ -138,6 +144,8 @@ def _not_started(s: Any, job_id: str, max_attempts: int | None, now: Any) -> Non
         row.error = f"processing stopped the worker {row.attempts} times; giving up on this page"
         row.error_stage = row.error_stage or "inference"
         row.finished_at = now
+        s.flush()
+        ingests.rollup(s, row.id, succeeded=0, failed=1, now=now)
 
 
 def record_retry(db: Database, job_id: str, reason: str, stage: str | None) -> None:
@@ -147,18 +155,23 @@ def record_retry(db: Database, job_id: str, reason: str, stage: str | None) -> N
             status=JobStatus.QUEUED.value, error=f"retrying: {reason}", error_stage=stage))
 
 
-# The two writes every page ends with, built once with bound parameters: SQLAlchemy compiles each
+# The writes every page ends with, built once with bound parameters: SQLAlchemy compiles each
 # once, so a page's finish costs its round trips and little else (building the statements anew for
 # every page cost more CPU than the rest of the write). A stage time not given keeps the row's value.
+# ``from`` names the states the job may be in: the usual finish moves it from queued or running and
+# moves its pages in the counts; a job final already (a redelivered message, a late duplicate) is
+# rewritten without counting its pages twice.
 _JOBS, _RESULTS = JobRow.__table__, ResultRow.__table__
 _TIMES: dict[str, ColumnElement[Any]] = {column: func.coalesce(bindparam(column), _JOBS.c[column])
                                          for column in STAGE_COLUMNS.values()}
-_FAILED = update(_JOBS).where(_JOBS.c.id == bindparam("job"), _JOBS.c.status != JobStatus.SUCCEEDED.value).values(
+_IN_STATES = _JOBS.c.status.in_(bindparam("from", expanding=True))
+_FAILED = update(_JOBS).where(_JOBS.c.id == bindparam("job"), _IN_STATES).values(
     status=JobStatus.FAILED.value, error=bindparam("reason"), error_stage=bindparam("stage"),
     finished_at=bindparam("finished"), **_TIMES)
-_SUCCEEDED = update(_JOBS).where(_JOBS.c.id == bindparam("job")).values(
+_SUCCEEDED = update(_JOBS).where(_JOBS.c.id == bindparam("job"), _IN_STATES).values(
     status=JobStatus.SUCCEEDED.value, error=None, error_stage=None, engine=bindparam("engine"),
     result_key=bindparam("result"), annotated_key=bindparam("annotated"), finished_at=bindparam("finished"), **_TIMES)
+_LIVE = [JobStatus.QUEUED.value, JobStatus.RUNNING.value]
 
 
 def _upsert(stmt: postgresql.Insert | sqlite.Insert) -> postgresql.Insert | sqlite.Insert:
@@ -171,26 +184,39 @@ _UPSERT_RESULT = {"postgresql": _upsert(postgresql.insert(_RESULTS)), "sqlite": 
 
 
 def finish_failed(db: Database, job_id: str, reason: str, stage: str | None,
-                  timings: dict[str, float] | None = None) -> None:
+                  timings: dict[str, float] | None = None) -> list[str]:
+    """Fail the job (a succeeded job stays succeeded). Returns the documents whose last page this was."""
+    now = utcnow()
+    params = {"job": job_id, "reason": reason, "stage": stage, "finished": now, **_timing_values(timings or {})}
     with db.session() as s:
-        s.execute(_FAILED, {"job": job_id, "reason": reason, "stage": stage, "finished": utcnow(),
-                            **_timing_values(timings or {})})
+        if s.execute(_FAILED, {**params, "from": _LIVE}).rowcount:
+            return ingests.rollup(s, job_id, succeeded=0, failed=1, now=now)
+        s.execute(_FAILED, {**params, "from": [JobStatus.FAILED.value]})  # failed again: the newer reason
+    return []
 
 
 def finish_succeeded(db: Database, job: JobRow, result: PageResult, *, engine: str,
-                     result_key: str, annotated_key: str | None, timings: dict[str, float]) -> None:
-    """Write the job's success and its results-index row in one transaction of two statements (the
-    index row is inserted or, for a job done again, replaced in one)."""
+                     result_key: str, annotated_key: str | None, timings: dict[str, float]) -> list[str]:
+    """Write the job's success and its results-index row in one transaction (the index row is inserted
+    or, for a job done again, replaced in one statement). Returns the documents whose last page this was."""
     confidences = [ln.confidence for ln in result.lines if ln.confidence is not None]
     now = utcnow()
     row = dict(
         job_id=job.id, content_sha256=job.content_sha256, task=result.task.value, engine=engine,
         line_count=len(result.lines), mean_confidence=sum(confidences) / len(confidences) if confidences else None,
         text=result.text, result_key=result_key, annotated_key=annotated_key, created_at=now)
+    params = {"job": job.id, "engine": engine, "result": result_key, "annotated": annotated_key,
+              "finished": now, **_timing_values(timings)}
+    finished: list[str] = []
     with db.session() as s:
-        s.execute(_SUCCEEDED, {"job": job.id, "engine": engine, "result": result_key, "annotated": annotated_key,
-                               "finished": now, **_timing_values(timings)})
+        if s.execute(_SUCCEEDED, {**params, "from": _LIVE}).rowcount:
+            finished = ingests.rollup(s, job.id, succeeded=1, failed=0, now=now)
+        elif s.execute(_SUCCEEDED, {**params, "from": [JobStatus.FAILED.value]}).rowcount:
+            finished = ingests.rollup(s, job.id, succeeded=1, failed=-1, now=now)
+        else:  # done before: this result replaces that one
+            s.execute(_SUCCEEDED, {**params, "from": [JobStatus.SUCCEEDED.value]})
         s.execute(_UPSERT_RESULT[db.engine.dialect.name], row)
+    return finished
 
 
 def _timing_values(timings: dict[str, float]) -> dict[str, float | None]:

@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 from paperlane.errors import ObjectNotFound, StorageUnavailable
+from paperlane.storage.objects import split_range
 
 
 class LocalStore:
@@ -32,8 +33,13 @@ class LocalStore:
             raise StorageUnavailable(f"cannot write {key}: {exc.strerror}", stage="store") from exc
 
     def get(self, key: str) -> bytes:
+        base, span = split_range(key)
         try:
-            return self._path(key).read_bytes()
+            if span is None:
+                return self._path(base).read_bytes()
+            with self._path(base).open("rb") as fh:
+                fh.seek(span[0])
+                return fh.read(span[1] - span[0])
         except FileNotFoundError as exc:
             raise ObjectNotFound(f"object {key} not found") from exc
         except OSError as exc:

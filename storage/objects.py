@@ -5,6 +5,9 @@ Backends beside this module: ``storage.localfs`` (a folder, the embedded default
 layout of the bucket is in one place:
 
     originals/<sha256[:2]>/<sha256><ext>     content-addressed: uploading twice is a no-op
+    packs/<ingest>/<id>.pack#<start>-<end>    small originals of an ingest packed into one object
+                                              (one PUT for hundreds of pages); the key names a
+                                              byte range of it, read with a ranged GET
     results/<job_id>.json                     one per job: a rewrite replaces it
     annotated/<job_id>.<jpg|webp|png>         the worker's annotated_format decides
 """
@@ -22,7 +25,8 @@ class ObjectStore(Protocol):
         ...
 
     def get(self, key: str) -> bytes:
-        """The bytes under ``key``. Raises ObjectNotFound or StorageUnavailable."""
+        """The bytes under ``key`` (only its byte range for a ``...#start-end`` key).
+        Raises ObjectNotFound or StorageUnavailable."""
         ...
 
     def exists(self, key: str) -> bool:
@@ -36,6 +40,30 @@ class ObjectStore(Protocol):
 
 def original_key(sha256: str, ext: str) -> str:
     return f"originals/{sha256[:2]}/{sha256}{ext.lower()}"
+
+
+def pack_key(ingest_id: str, pack_id: str) -> str:
+    return f"packs/{ingest_id}/{pack_id}.pack"
+
+
+def ranged(key: str, start: int, end: int) -> str:
+    """The key of bytes [start, end) of the object ``key``."""
+    return f"{key}#{start}-{end}"
+
+
+def split_range(key: str) -> tuple[str, tuple[int, int] | None]:
+    """(object key, (start, end) or None) of a key that may name a byte range."""
+    base, sep, span = key.partition("#")
+    if not sep:
+        return key, None
+    start, _, end = span.partition("-")
+    return base, (int(start), int(end))
+
+
+def document_keys(document_id: str) -> tuple[str, str, str]:
+    """Where a document's outputs go: its JSON, markdown and searchable PDF."""
+    base = f"documents/{document_id}"
+    return f"{base}.json", f"{base}.md", f"{base}.pdf"
 
 
 def result_key(job_id: str) -> str:

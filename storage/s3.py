@@ -10,6 +10,7 @@ from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionEr
 
 from paperlane.errors import ObjectNotFound, StorageError, StorageUnavailable
 from paperlane.settings import StorageSettings
+from paperlane.storage.objects import split_range
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,11 @@ class S3Store:
                 log.warning("%s; continuing, pages will retry", exc)
         return store
 
+    @property
+    def client(self) -> object:
+        """The boto3 client (thread-safe), for reading other buckets: ``s3://`` sources of an ingest."""
+        return self._s3
+
     def ensure_bucket(self) -> None:
         try:
             self._s3.head_bucket(Bucket=self.bucket)  # type: ignore[attr-defined]
@@ -69,8 +75,10 @@ class S3Store:
             raise _mapped(exc, key) from exc
 
     def get(self, key: str) -> bytes:
+        base, span = split_range(key)
+        extra = {"Range": f"bytes={span[0]}-{span[1] - 1}"} if span else {}
         try:
-            obj = self._s3.get_object(Bucket=self.bucket, Key=self.prefix + key)  # type: ignore[attr-defined]
+            obj = self._s3.get_object(Bucket=self.bucket, Key=self.prefix + base, **extra)  # type: ignore[attr-defined]
             return obj["Body"].read()
         except (ClientError, BotoCoreError) as exc:
             raise _mapped(exc, key) from exc

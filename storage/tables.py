@@ -1,15 +1,24 @@
 """The database schema (SQLAlchemy 2 declarative). Alembic migrations in storage/migrations own it.
 
-``jobs`` is the table operators poll: one row per page, its status, attempts, readable error,
-where its original and results live, and one column per pipeline stage with its seconds, so
-"where does the time go" is a plain SQL ``avg()`` away. ``results`` indexes finished pages.
+    ingests     one submit (or API batch): its name, lane, task and rolled-up counts
+     └ documents  one input file or archive member: its source, original, page count, counts, outputs
+        └ pages     document + page number -> the job that does its work
+    jobs        the content-addressed work item: same original + page + task = one inference, shared
+                by every page with those bytes; its status, attempts, readable error, result, and one
+                column per pipeline stage with its seconds ("where does the time go" is a SQL avg())
+    results     the index of succeeded jobs
+
+Counts on ingests and documents (pages_total/succeeded/failed) are kept by the writes that change
+a job's state, in the same transaction, so status at any level is one row read whatever the size;
+queued and running are derived (running from the few running jobs). The views ``ingest_status``,
+``document_status`` and ``page_status`` (migration 0002) give operators the same numbers in SQL.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import JSON, DateTime, Float, Index, Integer, String, Text, UniqueConstraint, func
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, func
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -23,14 +32,19 @@ class JobRow(Base):
         UniqueConstraint("job_key", name="uq_jobs_job_key"),
         Index("ix_jobs_status_lane", "status", "lane"),
         Index("ix_jobs_content_sha256", "content_sha256"),
+        # Partial: the few jobs in progress, and those whose message never reached the broker.
+        Index("ix_jobs_running", "id", postgresql_where="status = 'running'", sqlite_where="status = 'running'"),
+        Index("ix_jobs_unpublished", "id", postgresql_where="status = 'queued' AND enqueued_at IS NULL",
+              sqlite_where="status = 'queued' AND enqueued_at IS NULL"),
+        Index("ix_jobs_failed", "id", postgresql_where="status = 'failed'", sqlite_where="status = 'failed'"),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     # sha256 of (page content, task options): the same page asked for the same thing is one job.
     job_key: Mapped[str] = mapped_column(String(64))
     content_sha256: Mapped[str] = mapped_column(String(64))
-    source: Mapped[str] = mapped_column(Text)
-    page: Mapped[int] = mapped_column(Integer, default=1)
+    source: Mapped[str] = mapped_column(Text)  # the first document that asked for it
+    page: Mapped[int] = mapped_column(Integer, default=1)  # page (frame) number inside the original
     lane: Mapped[str] = mapped_column(String(16))
     priority: Mapped[int] = mapped_column(Integer, default=0)
     task: Mapped[str] = mapped_column(String(16))
@@ -73,3 +87,67 @@ class ResultRow(Base):
     result_key: Mapped[str] = mapped_column(Text)
     annotated_key: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+_TS = DateTime(timezone=True)
+
+
+class IngestRow(Base):
+    __tablename__ = "ingests"
+    __table_args__ = (Index("ix_ingests_ingest_key", "ingest_key"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    # sha256 of (name, sources, lane, task): an interrupted submit of the same thing resumes this ingest.
+    ingest_key: Mapped[str] = mapped_column(String(64))
+    name: Mapped[str] = mapped_column(Text)
+    lane: Mapped[str] = mapped_column(String(16))
+    task: Mapped[str] = mapped_column(String(16))
+    task_options: Mapped[dict] = mapped_column(JSON, default=dict)
+    documents_total: Mapped[int] = mapped_column(Integer, default=0)
+    pages_total: Mapped[int] = mapped_column(Integer, default=0)
+    pages_succeeded: Mapped[int] = mapped_column(Integer, default=0)
+    pages_failed: Mapped[int] = mapped_column(Integer, default=0)
+    skipped: Mapped[int] = mapped_column(Integer, default=0)  # files in folders/archives that hold no pages
+    created_at: Mapped[datetime] = mapped_column(_TS, server_default=func.now())
+    registered_at: Mapped[datetime | None] = mapped_column(_TS, nullable=True)  # every document registered
+    first_done_at: Mapped[datetime | None] = mapped_column(_TS, nullable=True)
+    last_done_at: Mapped[datetime | None] = mapped_column(_TS, nullable=True)
+
+
+class DocumentRow(Base):
+    __tablename__ = "documents"
+    __table_args__ = (Index("ix_documents_ingest", "ingest_id", "seq"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)  # uuid5(ingest, source): re-registering finds it
+    ingest_id: Mapped[str] = mapped_column(String(36), ForeignKey("ingests.id"))
+    seq: Mapped[int] = mapped_column(Integer)  # order of registration within the ingest
+    source: Mapped[str] = mapped_column(Text)
+    name: Mapped[str] = mapped_column(Text)  # output stem
+    ext: Mapped[str] = mapped_column(String(16))
+    content_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    original_key: Mapped[str | None] = mapped_column(Text, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)  # refused whole (its one page fails)
+    pages_total: Mapped[int] = mapped_column(Integer, default=0)
+    pages_succeeded: Mapped[int] = mapped_column(Integer, default=0)
+    pages_failed: Mapped[int] = mapped_column(Integer, default=0)
+    json_key: Mapped[str | None] = mapped_column(Text, nullable=True)
+    markdown_key: Mapped[str | None] = mapped_column(Text, nullable=True)
+    pdf_key: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(_TS, server_default=func.now())
+    finished_at: Mapped[datetime | None] = mapped_column(_TS, nullable=True)  # its last page final
+
+
+class PageRow(Base):
+    __tablename__ = "pages"
+    __table_args__ = (
+        UniqueConstraint("document_id", "page_no", name="uq_pages_document_page"),
+        Index("ix_pages_job", "job_id"),
+        Index("ix_pages_ingest", "ingest_id"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)  # uuid5(document, page_no)
+    document_id: Mapped[str] = mapped_column(String(36), ForeignKey("documents.id"))
+    ingest_id: Mapped[str] = mapped_column(String(36))  # the document's, kept here to count without a join
+    page_no: Mapped[int] = mapped_column(Integer)
+    job_id: Mapped[str] = mapped_column(String(36), ForeignKey("jobs.id"))
+    created_at: Mapped[datetime] = mapped_column(_TS, server_default=func.now())

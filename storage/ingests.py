@@ -1,0 +1,346 @@
+"""Ingests, documents and pages: registration in bulk, the counts that roll up, and status reads.
+
+An ingest is registered a chunk of documents at a time, each chunk one transaction: its jobs
+(``INSERT ... ON CONFLICT DO NOTHING``: the same original page asked for the same task is one job,
+whoever asked), its documents and its pages. Ids are derived from what they name (uuid5 of the
+ingest and the source, of the document and the page number), so registering a chunk again, as a
+resumed ingest does, adds nothing.
+
+The counts on ingests and documents move in the same transaction as the job state they count:
+``rollup`` when a job becomes final (or stops being final), and registration for a page whose job
+was final before the page existed. Registration reads those jobs' status ``FOR SHARE`` (PostgreSQL),
+so a job that finishes meanwhile is counted exactly once: by whichever transaction comes second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Table, case, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from paperlane.errors import JobNotFound
+from paperlane.schemas import JobStatus
+from paperlane.storage.db import Database, as_utc, utcnow
+from paperlane.storage.tables import DocumentRow, IngestRow, JobRow, PageRow
+
+_NAMESPACE = uuid.UUID("6a0b3c8e-3f0e-4f43-9d55-70617065726c")
+_INGESTS: Table = IngestRow.__table__  # type: ignore[assignment]
+_DOCUMENTS: Table = DocumentRow.__table__  # type: ignore[assignment]
+_PAGES: Table = PageRow.__table__  # type: ignore[assignment]
+_JOBS: Table = JobRow.__table__  # type: ignore[assignment]
+
+
+def document_id_for(ingest_id: str, source: str) -> str:
+    return str(uuid.uuid5(_NAMESPACE, f"document:{ingest_id}:{source}"))
+
+
+def page_id_for(document_id: str, page_no: int) -> str:
+    return str(uuid.uuid5(_NAMESPACE, f"page:{document_id}:{page_no}"))
+
+
+def ingest_key(*, name: str, sources: Sequence[str], lane: str, task_key: str) -> str:
+    return hashlib.sha256("\0".join([name, lane, task_key, *sources]).encode()).hexdigest()
+
+
+def open_ingest(db: Database, *, key: str, name: str, lane: str, task: str,
+                task_options: dict) -> tuple[IngestRow, bool]:
+    """The unfinished ingest with this key (an interrupted submit of the same thing), or a new one.
+
+    Returns (ingest, resumed)."""
+    with db.session() as s:
+        row = s.scalars(select(IngestRow).where(IngestRow.ingest_key == key, IngestRow.registered_at.is_(None))
+                        .order_by(IngestRow.created_at.desc()).limit(1)).one_or_none()
+        if row is not None:
+            return row, True
+        row = IngestRow(id=str(uuid.uuid4()), ingest_key=key, name=name, lane=lane, task=task,
+                        task_options=task_options, documents_total=0, pages_total=0, pages_succeeded=0,
+                        pages_failed=0, skipped=0, created_at=utcnow())
+        s.add(row)
+    return row, False
+
+
+def close_ingest(db: Database, ingest_id: str, *, skipped: int) -> None:
+    """Every document is registered: the ingest's totals are final."""
+    with db.session() as s:
+        s.execute(update(_INGESTS).where(_INGESTS.c.id == ingest_id)
+                  .values(registered_at=utcnow(), skipped=skipped))
+
+
+@dataclass
+class NewDocument:
+    id: str
+    seq: int
+    source: str
+    name: str
+    ext: str
+    pages_total: int
+    content_sha256: str | None = None
+    original_key: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class NewPage:
+    id: str
+    document_id: str
+    page_no: int
+    job_id: str
+
+
+@dataclass
+class Registered:
+    """What a chunk's registration found: the jobs' state, and which documents and pages are new."""
+
+    new_jobs: set[str] = field(default_factory=set)
+    job_status: dict[str, JobStatus] = field(default_factory=dict)
+    unpublished: set[str] = field(default_factory=set)  # queued jobs whose message never went out
+    new_documents: set[str] = field(default_factory=set)
+    new_pages: set[str] = field(default_factory=set)
+    finished_documents: list[str] = field(default_factory=list)  # every page already final at registration
+
+
+def register(db: Database, ingest_id: str, *, jobs: list[dict[str, Any]], documents: list[NewDocument],
+             pages: list[NewPage]) -> Registered:
+    """Insert a chunk's jobs, documents and pages (what exists is kept) and count what is already final."""
+    dialect = db.engine.dialect.name
+    out = Registered()
+    now = utcnow()
+    with db.session() as s:
+        if jobs:
+            stmt = _insert(dialect, _JOBS).on_conflict_do_nothing(index_elements=["job_key"])
+            out.new_jobs = set(s.scalars(stmt.returning(_JOBS.c.id), jobs))
+        if documents:
+            rows = [dict(vars(d), ingest_id=ingest_id, created_at=now) for d in documents]
+            stmt = _insert(dialect, _DOCUMENTS).on_conflict_do_nothing(index_elements=["id"])
+            out.new_documents = set(s.scalars(stmt.returning(_DOCUMENTS.c.id), rows))
+        if pages:
+            rows = [dict(vars(p), ingest_id=ingest_id, created_at=now) for p in pages]
+            stmt = _insert(dialect, _PAGES).on_conflict_do_nothing(index_elements=["id"])
+            out.new_pages = set(s.scalars(stmt.returning(_PAGES.c.id), rows))
+        job_ids = sorted({p.job_id for p in pages})
+        query = select(_JOBS.c.id, _JOBS.c.status, _JOBS.c.enqueued_at).where(_JOBS.c.id.in_(job_ids))
+        if dialect == "postgresql":
+            query = query.with_for_update(read=True)  # a job finishing now waits, then sees these pages
+        for job_id, status, enqueued_at in s.execute(query):
+            out.job_status[job_id] = JobStatus(status)
+            if status == JobStatus.QUEUED.value and enqueued_at is None:
+                out.unpublished.add(job_id)
+        out.finished_documents = _count_new(s, ingest_id, documents, pages, out, now)
+    return out
+
+
+def _count_new(s: Session, ingest_id: str, documents: list[NewDocument], pages: list[NewPage], out: Registered,
+               now: datetime) -> list[str]:
+    """Add the chunk's new documents and pages to the ingest's totals, and its already-final pages to the counts."""
+    final: dict[str, Counter[str]] = {}
+    for page in pages:
+        status = out.job_status.get(page.job_id)
+        if page.id in out.new_pages and status is not None and status.terminal:
+            final.setdefault(page.document_id, Counter())[status.value] += 1
+    for doc_id, counts in final.items():
+        s.execute(update(_DOCUMENTS).where(_DOCUMENTS.c.id == doc_id).values(
+            pages_succeeded=_DOCUMENTS.c.pages_succeeded + counts["succeeded"],
+            pages_failed=_DOCUMENTS.c.pages_failed + counts["failed"]))
+    succeeded = sum(c["succeeded"] for c in final.values())
+    failed = sum(c["failed"] for c in final.values())
+    values: dict[str, Any] = dict(
+        documents_total=_INGESTS.c.documents_total + len(out.new_documents),
+        pages_total=_INGESTS.c.pages_total + len(out.new_pages),
+        pages_succeeded=_INGESTS.c.pages_succeeded + succeeded, pages_failed=_INGESTS.c.pages_failed + failed)
+    if succeeded + failed:
+        values.update(first_done_at=func.coalesce(_INGESTS.c.first_done_at, now), last_done_at=now)
+    s.execute(update(_INGESTS).where(_INGESTS.c.id == ingest_id).values(**values))
+    done = [d.id for d in documents if d.id in out.new_documents
+            and sum(final.get(d.id, Counter()).values()) >= d.pages_total]
+    if done:
+        s.execute(update(_DOCUMENTS).where(_DOCUMENTS.c.id.in_(done)).values(finished_at=now))
+    return done
+
+
+def _insert(dialect: str, table: Table) -> Any:
+    return (postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table))
+
+
+def rollup(s: Session, job_id: str, *, succeeded: int, failed: int, now: datetime) -> list[str]:
+    """Move every page of ``job_id`` in the counts of its documents and ingests by (succeeded, failed),
+    each -1, 0 or +1. Returns the documents whose last page just became final."""
+    per_doc = (select(_PAGES.c.document_id, func.count().label("n")).where(_PAGES.c.job_id == job_id)
+               .group_by(_PAGES.c.document_id).subquery())
+    d = _DOCUMENTS.c
+    # SQLite's RETURNING sees only the updated table: a document that finishes now is one whose
+    # finished_at becomes exactly ``now`` (one finished before keeps its time).
+    done_after = d.pages_succeeded + d.pages_failed + (succeeded + failed) * per_doc.c.n >= d.pages_total
+    finished = s.execute(
+        update(_DOCUMENTS).where(d.id == per_doc.c.document_id)
+        .values(pages_succeeded=d.pages_succeeded + succeeded * per_doc.c.n,
+                pages_failed=d.pages_failed + failed * per_doc.c.n,
+                finished_at=case((done_after, func.coalesce(d.finished_at, now)), else_=None))
+        .returning(d.id, d.finished_at)).all()
+    per_ingest = (select(_PAGES.c.ingest_id, func.count().label("n")).where(_PAGES.c.job_id == job_id)
+                  .group_by(_PAGES.c.ingest_id).subquery())
+    i = _INGESTS.c
+    values: dict[str, Any] = dict(pages_succeeded=i.pages_succeeded + succeeded * per_ingest.c.n,
+                                  pages_failed=i.pages_failed + failed * per_ingest.c.n)
+    if succeeded + failed > 0:
+        values.update(first_done_at=func.coalesce(i.first_done_at, now), last_done_at=now)
+    s.execute(update(_INGESTS).where(i.id == per_ingest.c.ingest_id).values(**values))
+    return [doc_id for doc_id, at in finished if at is not None and as_utc(at) == now]
+
+
+# --- status -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Progress:
+    """Pages of an ingest or a document by state, and how fast they finish."""
+
+    total: int
+    succeeded: int
+    failed: int
+    running: int
+    unpublished: int
+    pages_per_s: float | None = None
+    eta_s: float | None = None
+
+    @property
+    def queued(self) -> int:
+        return max(0, self.total - self.succeeded - self.failed - self.running - self.unpublished)
+
+    @property
+    def done(self) -> bool:
+        return self.succeeded + self.failed >= self.total
+
+
+def ingest_progress(db: Database, ingest_id: str) -> tuple[IngestRow, Progress, list[tuple[str, int]]]:
+    """The ingest, its progress, and its failures grouped by reason (most frequent first, at most 20).
+
+    Raises JobNotFound."""
+    with db.session() as s:
+        row = s.get(IngestRow, ingest_id)
+        if row is None:
+            raise JobNotFound(f"no ingest with id {ingest_id}")
+        running, unpublished = _live(s, _PAGES.c.ingest_id == ingest_id)
+        failures = _failures(s, _PAGES.c.ingest_id == ingest_id)
+    progress = Progress(row.pages_total, row.pages_succeeded, row.pages_failed, running, unpublished)
+    _rate(progress, as_utc(row.first_done_at), as_utc(row.last_done_at))
+    return row, progress, failures
+
+
+def document_progress(db: Database, document_id: str) -> tuple[DocumentRow, Progress, list[tuple[str, int]]]:
+    """The document, its progress, and its failures grouped by reason. Raises JobNotFound."""
+    with db.session() as s:
+        row = s.get(DocumentRow, document_id)
+        if row is None:
+            raise JobNotFound(f"no document with id {document_id}")
+        running, unpublished = _live(s, _PAGES.c.document_id == document_id)
+        failures = _failures(s, _PAGES.c.document_id == document_id)
+    return row, Progress(row.pages_total, row.pages_succeeded, row.pages_failed, running, unpublished), failures
+
+
+def _live(s: Session, where: Any) -> tuple[int, int]:
+    """Running and unpublished pages: found from the few such jobs (partial indexes), then their pages."""
+    j = _JOBS.c
+    running = s.scalar(select(func.count()).select_from(_JOBS.join(_PAGES, _PAGES.c.job_id == j.id))
+                       .where(j.status == JobStatus.RUNNING.value, where))
+    unpublished = s.scalar(select(func.count()).select_from(_JOBS.join(_PAGES, _PAGES.c.job_id == j.id))
+                           .where(j.status == JobStatus.QUEUED.value, j.enqueued_at.is_(None), where))
+    return int(running or 0), int(unpublished or 0)
+
+
+def _failures(s: Session, where: Any) -> list[tuple[str, int]]:
+    j = _JOBS.c
+    rows = s.execute(select(j.error, func.count().label("n")).select_from(_JOBS.join(_PAGES, _PAGES.c.job_id == j.id))
+                     .where(j.status == JobStatus.FAILED.value, where).group_by(j.error)
+                     .order_by(func.count().desc()).limit(20)).all()
+    return [(error or "unknown", int(n)) for error, n in rows]
+
+
+def _rate(p: Progress, first: datetime | None, last: datetime | None) -> None:
+    finished = p.succeeded + p.failed
+    if first is None or last is None or finished < 2 or last <= first:
+        return
+    p.pages_per_s = (finished - 1) / (last - first).total_seconds()
+    p.eta_s = (p.total - finished) / p.pages_per_s if p.pages_per_s > 0 else None
+
+
+@dataclass
+class PageView:
+    page: PageRow
+    document: DocumentRow
+    job: JobRow
+
+
+def get_page(db: Database, page_id: str) -> PageView:
+    """A page with its document and job. Raises JobNotFound."""
+    with db.session() as s:
+        found = s.execute(select(PageRow, DocumentRow, JobRow).join(DocumentRow, DocumentRow.id == PageRow.document_id)
+                          .join(JobRow, JobRow.id == PageRow.job_id).where(PageRow.id == page_id)).one_or_none()
+    if found is None:
+        raise JobNotFound(f"no page with id {page_id}")
+    return PageView(*found)
+
+
+def document_pages(db: Database, document_id: str) -> list[tuple[PageRow, JobRow]]:
+    """The document's pages in order, each with its job."""
+    with db.session() as s:
+        return [tuple(r) for r in s.execute(  # type: ignore[misc]
+            select(PageRow, JobRow).join(JobRow, JobRow.id == PageRow.job_id)
+            .where(PageRow.document_id == document_id).order_by(PageRow.page_no))]
+
+
+def get_document(db: Database, document_id: str) -> DocumentRow:
+    with db.session() as s:
+        row = s.get(DocumentRow, document_id)
+    if row is None:
+        raise JobNotFound(f"no document with id {document_id}")
+    return row
+
+
+def set_outputs(db: Database, document_id: str, *, json_key: str, markdown_key: str, pdf_key: str | None) -> None:
+    with db.session() as s:
+        s.execute(update(_DOCUMENTS).where(_DOCUMENTS.c.id == document_id)
+                  .values(json_key=json_key, markdown_key=markdown_key, pdf_key=pdf_key))
+
+
+def ingest_documents(db: Database, ingest_id: str, *, after_seq: int = -1, limit: int = 1000) -> list[DocumentRow]:
+    with db.session() as s:
+        return list(s.scalars(select(DocumentRow).where(DocumentRow.ingest_id == ingest_id, DocumentRow.seq > after_seq)
+                              .order_by(DocumentRow.seq).limit(limit)))
+
+
+def next_seq(db: Database, ingest_id: str) -> int:
+    with db.session() as s:
+        last = s.scalar(select(func.max(_DOCUMENTS.c.seq)).where(_DOCUMENTS.c.ingest_id == ingest_id))
+    return 0 if last is None else int(last) + 1
+
+
+def unpublished_work(db: Database, ingest_id: str) -> list[tuple[str, str, int]]:
+    """(job id, lane, priority) of the ingest's queued jobs whose message never went out."""
+    j = _JOBS.c
+    with db.session() as s:
+        rows = s.execute(select(j.id, j.lane, j.priority).distinct()
+                         .select_from(_JOBS.join(_PAGES, _PAGES.c.job_id == j.id))
+                         .where(j.status == JobStatus.QUEUED.value, j.enqueued_at.is_(None),
+                                _PAGES.c.ingest_id == ingest_id)).all()
+    return [(r[0], r[1], int(r[2])) for r in rows]
+
+
+def registered_sources(db: Database, ingest_id: str) -> set[str]:
+    """Sources of the documents an interrupted ingest registered before it stopped."""
+    with db.session() as s:
+        return set(s.scalars(select(DocumentRow.source).where(DocumentRow.ingest_id == ingest_id)))
+
+
+def add_to_ingest(db: Database, ingest_id: str, **counts: int) -> None:
+    with db.session() as s:
+        s.execute(update(_INGESTS).where(_INGESTS.c.id == ingest_id)
+                  .values(**{k: getattr(_INGESTS.c, k) + v for k, v in counts.items()}))
+
