@@ -29,13 +29,14 @@ from sqlalchemy.orm import Session
 from paperlane.errors import JobNotFound
 from paperlane.schemas import JobStatus
 from paperlane.storage.db import Database, as_utc, utcnow
-from paperlane.storage.tables import DocumentRow, IngestRow, JobRow, PageRow
+from paperlane.storage.tables import DocumentRow, IngestFailureRow, IngestRow, JobRow, PageRow
 
 _NAMESPACE = uuid.UUID("6a0b3c8e-3f0e-4f43-9d55-70617065726c")
 _INGESTS: Table = IngestRow.__table__  # type: ignore[assignment]
 _DOCUMENTS: Table = DocumentRow.__table__  # type: ignore[assignment]
 _PAGES: Table = PageRow.__table__  # type: ignore[assignment]
 _JOBS: Table = JobRow.__table__  # type: ignore[assignment]
+_FAILURES: Table = IngestFailureRow.__table__  # type: ignore[assignment]
 
 
 def document_id_for(ingest_id: str, source: str) -> str:
@@ -100,6 +101,7 @@ class Registered:
     """What a chunk's registration found: the jobs' state, and which documents and pages are new."""
 
     new_jobs: set[str] = field(default_factory=set)
+    errors: dict[str, str] = field(default_factory=dict)  # failed jobs' reasons
     job_status: dict[str, JobStatus] = field(default_factory=dict)
     unpublished: set[str] = field(default_factory=set)  # queued jobs whose message never went out
     new_documents: set[str] = field(default_factory=set)
@@ -126,11 +128,13 @@ def register(db: Database, ingest_id: str, *, jobs: list[dict[str, Any]], docume
             stmt = _insert(dialect, _PAGES).on_conflict_do_nothing(index_elements=["id"])
             out.new_pages = set(s.scalars(stmt.returning(_PAGES.c.id), rows))
         job_ids = sorted({p.job_id for p in pages})
-        query = select(_JOBS.c.id, _JOBS.c.status, _JOBS.c.enqueued_at).where(_JOBS.c.id.in_(job_ids))
+        query = select(_JOBS.c.id, _JOBS.c.status, _JOBS.c.enqueued_at, _JOBS.c.error).where(_JOBS.c.id.in_(job_ids))
         if dialect == "postgresql":
             query = query.with_for_update(read=True)  # a job finishing now waits, then sees these pages
-        for job_id, status, enqueued_at in s.execute(query):
+        for job_id, status, enqueued_at, error in s.execute(query):
             out.job_status[job_id] = JobStatus(status)
+            if status == JobStatus.FAILED.value:
+                out.errors[job_id] = error or "unknown"
             if status == JobStatus.QUEUED.value and enqueued_at is None:
                 out.unpublished.add(job_id)
         out.finished_documents = _count_new(s, ingest_id, documents, pages, out, now)
@@ -141,10 +145,15 @@ def _count_new(s: Session, ingest_id: str, documents: list[NewDocument], pages: 
                now: datetime) -> list[str]:
     """Add the chunk's new documents and pages to the ingest's totals, and its already-final pages to the counts."""
     final: dict[str, Counter[str]] = {}
+    reasons: Counter[str] = Counter()
     for page in pages:
         status = out.job_status.get(page.job_id)
         if page.id in out.new_pages and status is not None and status.terminal:
             final.setdefault(page.document_id, Counter())[status.value] += 1
+            if status is JobStatus.FAILED:
+                reasons[out.errors[page.job_id]] += 1
+    for reason, n in reasons.items():
+        _add_failures(s, ingest_id, reason, n)
     for doc_id, counts in final.items():
         s.execute(update(_DOCUMENTS).where(_DOCUMENTS.c.id == doc_id).values(
             pages_succeeded=_DOCUMENTS.c.pages_succeeded + counts["succeeded"],
@@ -169,9 +178,17 @@ def _insert(dialect: str, table: Table) -> Any:
     return (postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table))
 
 
-def rollup(s: Session, job_id: str, *, succeeded: int, failed: int, now: datetime) -> list[str]:
+def _add_failures(s: Session, ingest_id: str, reason: str, n: int) -> None:
+    stmt = _insert(s.get_bind().dialect.name, _FAILURES).values(ingest_id=ingest_id, reason=reason, pages=n)
+    s.execute(stmt.on_conflict_do_update(index_elements=["ingest_id", "reason"],
+                                         set_={"pages": _FAILURES.c.pages + stmt.excluded.pages}))
+
+
+def rollup(s: Session, job_id: str, *, succeeded: int, failed: int, now: datetime,
+           reason: str | None = None) -> list[str]:
     """Move every page of ``job_id`` in the counts of its documents and ingests by (succeeded, failed),
-    each -1, 0 or +1. Returns the documents whose last page just became final."""
+    each -1, 0 or +1; ``reason``: the job's failure (the new one, or the one it leaves). Returns the
+    documents whose last page just became final."""
     per_doc = (select(_PAGES.c.document_id, func.count().label("n")).where(_PAGES.c.job_id == job_id)
                .group_by(_PAGES.c.document_id).subquery())
     d = _DOCUMENTS.c
@@ -192,6 +209,9 @@ def rollup(s: Session, job_id: str, *, succeeded: int, failed: int, now: datetim
     if succeeded + failed > 0:
         values.update(first_done_at=func.coalesce(i.first_done_at, now), last_done_at=now)
     s.execute(update(_INGESTS).where(i.id == per_ingest.c.ingest_id).values(**values))
+    if failed:
+        for ingest_id, n in s.execute(select(per_ingest.c.ingest_id, per_ingest.c.n)):
+            _add_failures(s, ingest_id, reason or "unknown", failed * n)
     return [doc_id for doc_id, at in finished if at is not None and as_utc(at) == now]
 
 
@@ -228,7 +248,9 @@ def ingest_progress(db: Database, ingest_id: str) -> tuple[IngestRow, Progress, 
         if row is None:
             raise JobNotFound(f"no ingest with id {ingest_id}")
         running, unpublished = _live(s, _PAGES.c.ingest_id == ingest_id)
-        failures = _failures(s, _PAGES.c.ingest_id == ingest_id)
+        f = _FAILURES.c
+        failures = [(r, int(n)) for r, n in s.execute(
+            select(f.reason, f.pages).where(f.ingest_id == ingest_id, f.pages > 0).order_by(f.pages.desc()).limit(20))]
     progress = Progress(row.pages_total, row.pages_succeeded, row.pages_failed, running, unpublished)
     _rate(progress, as_utc(row.first_done_at), as_utc(row.last_done_at))
     return row, progress, failures

@@ -67,10 +67,10 @@ def requeue(db: Database, job_id: str, *, upload_s: float | None = None) -> None
     """Put a finished job back in the queue (resubmission of a failed page, or --force); its pages
     leave the counts they were in."""
     with db.session() as s:
-        was = s.scalar(select(JobRow.status).where(JobRow.id == job_id).with_for_update())
+        was, error = s.execute(select(JobRow.status, JobRow.error).where(JobRow.id == job_id).with_for_update()).one()
         if was in (JobStatus.SUCCEEDED.value, JobStatus.FAILED.value):
             ingests.rollup(s, job_id, succeeded=-(was == JobStatus.SUCCEEDED.value),
-                           failed=-(was == JobStatus.FAILED.value), now=utcnow())
+                           failed=-(was == JobStatus.FAILED.value), now=utcnow(), reason=error)
         s.execute(update(JobRow).where(JobRow.id == job_id).values(
             status=JobStatus.QUEUED.value, error=None, error_stage=None, attempts=0,
             started_at=None, finished_at=None, created_at=utcnow(), enqueued_at=None, upload_s=upload_s,
@@ -145,7 +145,7 @@ def _not_started(s: Any, job_id: str, max_attempts: int | None, now: Any) -> Non
         row.error_stage = row.error_stage or "inference"
         row.finished_at = now
         s.flush()
-        ingests.rollup(s, row.id, succeeded=0, failed=1, now=now)
+        ingests.rollup(s, row.id, succeeded=0, failed=1, now=now, reason=row.error)
 
 
 def record_retry(db: Database, job_id: str, reason: str, stage: str | None) -> None:
@@ -172,6 +172,8 @@ _SUCCEEDED = update(_JOBS).where(_JOBS.c.id == bindparam("job"), _IN_STATES).val
     status=JobStatus.SUCCEEDED.value, error=None, error_stage=None, engine=bindparam("engine"),
     result_key=bindparam("result"), annotated_key=bindparam("annotated"), finished_at=bindparam("finished"), **_TIMES)
 _LIVE = [JobStatus.QUEUED.value, JobStatus.RUNNING.value]
+_ERROR_IF_FAILED = select(func.coalesce(_JOBS.c.error, "unknown")).where(
+    _JOBS.c.id == bindparam("job"), _JOBS.c.status == JobStatus.FAILED.value).with_for_update()
 
 
 def _upsert(stmt: postgresql.Insert | sqlite.Insert) -> postgresql.Insert | sqlite.Insert:
@@ -190,9 +192,14 @@ def finish_failed(db: Database, job_id: str, reason: str, stage: str | None,
     params = {"job": job_id, "reason": reason, "stage": stage, "finished": now, **_timing_values(timings or {})}
     with db.session() as s:
         if s.execute(_FAILED, {**params, "from": _LIVE}).rowcount:
-            return ingests.rollup(s, job_id, succeeded=0, failed=1, now=now)
-        s.execute(_FAILED, {**params, "from": [JobStatus.FAILED.value]})  # failed again: the newer reason
-    return []
+            return ingests.rollup(s, job_id, succeeded=0, failed=1, now=now, reason=reason)
+        before = s.scalar(_ERROR_IF_FAILED, {"job": job_id})
+        if before is None or before == reason:
+            return []
+        # Failed again for another reason: its pages move from the old reason to the new one.
+        s.execute(_FAILED, {**params, "from": [JobStatus.FAILED.value]})
+        ingests.rollup(s, job_id, succeeded=0, failed=-1, now=now, reason=before)
+        return ingests.rollup(s, job_id, succeeded=0, failed=1, now=now, reason=reason)
 
 
 def finish_succeeded(db: Database, job: JobRow, result: PageResult, *, engine: str,
@@ -211,8 +218,9 @@ def finish_succeeded(db: Database, job: JobRow, result: PageResult, *, engine: s
     with db.session() as s:
         if s.execute(_SUCCEEDED, {**params, "from": _LIVE}).rowcount:
             finished = ingests.rollup(s, job.id, succeeded=1, failed=0, now=now)
-        elif s.execute(_SUCCEEDED, {**params, "from": [JobStatus.FAILED.value]}).rowcount:
-            finished = ingests.rollup(s, job.id, succeeded=1, failed=-1, now=now)
+        elif (error := s.scalar(_ERROR_IF_FAILED, {"job": job.id})) is not None:
+            s.execute(_SUCCEEDED, {**params, "from": [JobStatus.FAILED.value]})
+            finished = ingests.rollup(s, job.id, succeeded=1, failed=-1, now=now, reason=error)
         else:  # done before: this result replaces that one
             s.execute(_SUCCEEDED, {**params, "from": [JobStatus.SUCCEEDED.value]})
         s.execute(_UPSERT_RESULT[db.engine.dialect.name], row)

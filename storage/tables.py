@@ -151,3 +151,13 @@ class PageRow(Base):
     page_no: Mapped[int] = mapped_column(Integer)
     job_id: Mapped[str] = mapped_column(String(36), ForeignKey("jobs.id"))
     created_at: Mapped[datetime] = mapped_column(_TS, server_default=func.now())
+
+
+class IngestFailureRow(Base):
+    """Failed pages of an ingest by reason, kept with the counts: "what failed" without scanning its pages."""
+
+    __tablename__ = "ingest_failures"
+
+    ingest_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    reason: Mapped[str] = mapped_column(Text, primary_key=True)
+    pages: Mapped[int] = mapped_column(Integer, default=0)

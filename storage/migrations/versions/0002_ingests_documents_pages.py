@@ -79,6 +79,12 @@ def upgrade() -> None:
         sa.Column("created_at", _TS, nullable=False, server_default=sa.func.now()),
         sa.UniqueConstraint("document_id", "page_no", name="uq_pages_document_page"),
     )
+    op.create_table(
+        "ingest_failures",
+        sa.Column("ingest_id", sa.String(36), primary_key=True),
+        sa.Column("reason", sa.Text, primary_key=True),
+        sa.Column("pages", sa.Integer, nullable=False, server_default="0"),
+    )
     op.create_index("ix_pages_job", "pages", ["job_id"])
     op.create_index("ix_pages_ingest", "pages", ["ingest_id"])
     for name, where in (("ix_jobs_running", "status = 'running'"),
@@ -130,6 +136,12 @@ def _carry_over_jobs() -> None:
         pages_succeeded=totals["succeeded"], pages_failed=totals["failed"], skipped=0, created_at=now,
         registered_at=now)])
     bind.execute(meta.tables["documents"].insert(), list(docs.values()))
+    reasons: dict[str, int] = defaultdict(int)
+    for job in bind.execute(sa.text("SELECT error FROM jobs WHERE status = 'failed'")):
+        reasons[job.error or "unknown"] += 1
+    if reasons:
+        failures = sa.table("ingest_failures", sa.column("ingest_id"), sa.column("reason"), sa.column("pages"))
+        bind.execute(failures.insert(), [dict(ingest_id=LEGACY_INGEST, reason=r, pages=n) for r, n in reasons.items()])
     for i in range(0, len(pages), 5000):
         bind.execute(meta.tables["pages"].insert(), pages[i:i + 5000])
 
@@ -185,6 +197,7 @@ def downgrade() -> None:
         op.execute(f"DROP VIEW {view}")
     for name in ("ix_jobs_failed", "ix_jobs_unpublished", "ix_jobs_running"):
         op.drop_index(name, "jobs")
+    op.drop_table("ingest_failures")
     op.drop_table("pages")
     op.drop_table("documents")
     op.drop_table("ingests")
