@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from paperlane.errors import InputError
 from paperlane.settings import Settings, WorkerSettings
 from paperlane.storage.objects import open_store
 from paperlane.workers.cpu_pool import CpuPool
 from tests.pages import sample_lines
-from tests.test_preprocess import VLM_SPEC, a4_grey_jpeg
+from tests.test_preprocess import VLM_SPEC, a4_grey_jpeg, pdf_pages
 
 
 def _pool_processes() -> set[int]:
@@ -53,5 +54,21 @@ def test_a_pool_process_reuses_its_page_buffers(tmp_path: Path) -> None:
             for key in keys:
                 assert pool.submit(key, VLM_SPEC).result().page is not None
         assert (_minor_faults(child) - faults) / (3 * len(keys)) < 100
+    finally:
+        pool.close()
+
+
+def test_the_page_number_reaches_a_pool_process_and_the_urgent_lane(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path / "data", worker=WorkerSettings(preprocess_processes=1))
+    store = open_store(settings)
+    store.put("originals/doc.pdf", pdf_pages((595, 842), (842, 595)))  # page 2 is landscape
+    pool = CpuPool(settings, store=store)
+    try:
+        for urgent in (False, True):
+            page = pool.submit("originals/doc.pdf", VLM_SPEC, page=2, urgent=urgent).result().page
+            assert page is not None and (page.width, page.height) == (3508, 2479)
+        missing = pool.submit("originals/doc.pdf", VLM_SPEC, page=3).result()
+        assert missing.page is None and isinstance(missing.error, InputError)
+        assert str(missing.error) == "no page 3 in this PDF (2 pages)"
     finally:
         pool.close()

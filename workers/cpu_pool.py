@@ -1,7 +1,8 @@
 """The CPU preprocessing pool: a process pool that fetches originals and prepares pages.
 
 Each pool process builds its own object-store client once (initializer) and receives only object
-keys, never image bytes, so the parent process never copies an original. With ``processes=0`` the
+keys and page numbers, never image bytes, so the parent process never copies an original (a whole
+PDF or multi-page TIFF, of which the pool prepares the one page asked for). With ``processes=0`` the
 work runs on a thread in the calling process (tests, tiny machines).
 
 Whatever goes wrong with one page comes back as that page's ``Prepared`` error, never as an
@@ -80,13 +81,13 @@ def _keep_freed_memory() -> None:
     mallopt(_M_TRIM_THRESHOLD, 64 << 20)
 
 
-def _prepare_key(key: str, spec: InputSpec, limits: Limits, preview_side: int,
+def _prepare_key(key: str, page_number: int, spec: InputSpec, limits: Limits, preview_side: int,
                  store: ObjectStore | None = None) -> Prepared:
     t0 = time.perf_counter()
     try:
         store = store or _store
         assert store is not None, "pool process not initialised"
-        page = prepare_page(store.get(key), spec, limits, preview_side=preview_side)
+        page = prepare_page(store.get(key), spec, limits, page=page_number, preview_side=preview_side)
         return Prepared(page, None, time.perf_counter() - t0)
     except PaperlaneError as exc:
         return Prepared(None, exc, time.perf_counter() - t0)
@@ -134,16 +135,19 @@ class CpuPool:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = self._new_executor()
 
-    def submit(self, key: str, spec: InputSpec, *, urgent: bool = False) -> Future[Prepared]:
-        """Fetch ``key`` and prepare it for ``spec``: in the pool, or at once in-process when ``urgent``.
+    def submit(self, key: str, spec: InputSpec, *, page: int = 1, urgent: bool = False) -> Future[Prepared]:
+        """Fetch the original ``key`` and prepare its page ``page`` (from 1: a PDF's page, a TIFF's frame)
+        for ``spec``: in the pool, or at once in-process when ``urgent``.
 
-        The future's result is a ``Prepared``, whatever happened to the page; the future itself fails
-        only when the pool does (``BrokenProcessPool``: a process died) or is shut down.
+        The future's result is a ``Prepared``, whatever happened to the page (a page the original does
+        not have: an InputError); the future itself fails only when the pool does (``BrokenProcessPool``:
+        a process died) or is shut down.
         """
+        args = (key, page, spec, self._limits, self._preview_side)
         if urgent or isinstance(self._executor, ThreadPoolExecutor):
             executor = self._urgent if urgent else self._executor
-            return executor.submit(_prepare_key, key, spec, self._limits, self._preview_side, self._store)
-        return self._executor.submit(_prepare_key, key, spec, self._limits, self._preview_side)
+            return executor.submit(_prepare_key, *args, self._store)
+        return self._executor.submit(_prepare_key, *args)
 
     def close(self) -> None:
         self._urgent.shutdown(wait=True, cancel_futures=True)

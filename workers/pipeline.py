@@ -154,7 +154,7 @@ def _prepared(rt: Runtime, job: JobRow, *, urgent: bool) -> Prepared:
     # page gets one more try on a fresh pool, and the page that crashes it twice is failed.
     for _ in (1, 2):
         try:
-            return rt.pool.submit(job.original_key or "", rt.engine.input_spec, urgent=urgent).result()
+            return rt.pool.submit(job.original_key or "", rt.engine.input_spec, page=job.page, urgent=urgent).result()
         except BrokenProcessPool:
             rt.pool.restart_if_broken()
         except CancelledError:  # the pool was shut down under the page: the worker is stopping

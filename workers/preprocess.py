@@ -1,10 +1,21 @@
-"""CPU preprocessing: bytes of an original page -> exactly what the engine's InputSpec asks for.
+"""CPU preprocessing: bytes of an original and a page number -> exactly what the engine's InputSpec asks for.
 
-Runs in the worker's process pool (``workers.cpu_pool``), overlapped with inference. Every way a
-page can be unreadable becomes an ``InputError`` with a one-line reason, decided from the header
-BEFORE any pixel memory is allocated where possible (a 40000x40000 image declared in a 1 kB file
-must not take 4.8 GB to refuse); what OpenCV refuses anyway becomes one too, and running out of
-memory a retryable error, so nothing unexpected leaves this module for a page's own sake.
+Runs in the worker's process pool (``workers.cpu_pool``), overlapped with inference. An original is
+an image (page 1), a multi-page TIFF (page N is frame N) or a whole PDF (page N is rendered here).
+Every way a page can be unreadable becomes an ``InputError`` with a one-line reason, decided from the
+header BEFORE any pixel memory is allocated where possible (a 40000x40000 image declared in a 1 kB
+file, or a TIFF frame or a PDF page image declaring as much, must not take 4.8 GB to refuse); what
+OpenCV, Pillow or PDFium refuse anyway becomes one too, and running out of memory a retryable
+error, so nothing unexpected leaves this module for a page's own sake.
+
+A PDF page is rendered once, straight at the engine's size and never at a fixed resolution first:
+its scale comes from its size in points, so a 200 x 200 inch page costs what an A4 one does. It is
+treated as a ``PDF_DPI`` (300 dpi) scan of itself: its size in original pixels (``PreparedPage.width``
+and ``height``, the pixels result quads are in) is its size in points x 300 / 72, rounded; it is
+rendered like such a scan is resized for the engine (never above 300 dpi unless the engine's
+``min_pixels`` asks for more). "Its size in points" is the page as a viewer shows it, crop box and
+``/Rotate`` applied (``pypdfium2.PdfPage.get_size()``), so a quad point (x, y) in original pixels is
+(x * width_pt / width, y * height_pt / height) points from the page's top-left corner.
 
 A page is decoded once: the engine's input and a small grey preview, on which the annotated image
 is drawn after inference, both come from that one decode. For an A4 300 dpi JPEG, entropy decoding
@@ -15,22 +26,37 @@ the sides are rounded to ``multiple_of`` by padding, not by a resize of the whol
 
 from __future__ import annotations
 
+import ctypes
 import io
 import math
 import re
+import struct
+import threading
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import cv2
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, TiffImagePlugin, UnidentifiedImageError
 
 from paperlane.errors import InputError, PaperlaneError
 from paperlane.models.engine import InputSpec, PreparedImage
 
+if TYPE_CHECKING:
+    import pypdfium2
+
 _STAGE = "preprocess"
 _FORMATS = {"JPEG", "PNG", "TIFF", "BMP", "WEBP", "GIF", "JPEG2000", "PPM"}
 _GREY_MODES = {"1", "L", "LA", "La", "I", "F"}  # and "I;16..." (Pillow's image modes without colour)
+_TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic and BigTIFF, either byte order
+# OpenCV turns these upright by their EXIF orientation, except when it keeps their alpha channel.
+_ORIENTED_UNLESS_ALPHA = {"PNG", "WEBP"}
+_EXIF_ORIENTATION = 0x0112
+PDF_DPI = 300  # a PDF page's original pixels: its size in points x PDF_DPI / 72 (see the module docstring)
+# PDFium is not thread-safe, and a worker prepares urgent pages on two threads.
+_PDFIUM = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -46,6 +72,7 @@ class Header:
     height: int
     has_alpha: bool
     grey: bool = False  # no colour channels: decoding luminance only loses nothing
+    orientation: int = 1  # EXIF orientation that ``decode`` applies itself (OpenCV applies the others)
 
 
 @dataclass
@@ -63,18 +90,25 @@ class PreparedPage:
     preview: np.ndarray | None = None  # grey, at most preview_side px: the annotated image is drawn on it
 
 
-def read_header(data: bytes, limits: Limits) -> Header:
-    """Identify the image and its size from its header alone; refuse what cannot be a page."""
+def _check_file_size(data: bytes, limits: Limits) -> None:
+    """Refuse an empty file, or one larger than ``limits.max_bytes``."""
     if not data:
         raise InputError("empty file (0 bytes)", stage=_STAGE)
     if len(data) > limits.max_bytes:
         raise InputError(f"file too large ({len(data) / 2**20:.0f} MiB, limit {limits.max_bytes / 2**20:.0f} MiB)",
                          stage=_STAGE)
+
+
+def read_header(data: bytes, limits: Limits) -> Header:
+    """Identify the image and the size of its first frame from its header alone; refuse what cannot be a page."""
+    _check_file_size(data, limits)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data)) as im:
                 fmt, (w, h), mode = im.format or "?", im.size, im.mode
+                has_alpha = "A" in mode or mode == "P"
+                orientation = _orientation(im) if has_alpha and fmt in _ORIENTED_UNLESS_ALPHA else 1
     except Image.DecompressionBombError as exc:  # Pillow's own guard, far above ours: say how large
         found = re.search(r"\((\d+) pixels\)", str(exc))
         size = f" ({int(found.group(1)) / 1e6:.0f} MP" if found else " ("
@@ -83,22 +117,86 @@ def read_header(data: bytes, limits: Limits) -> Header:
         raise InputError("not a readable image (unknown or corrupt format)", stage=_STAGE) from None
     if fmt not in _FORMATS:
         raise InputError(f"unsupported image format {fmt}", stage=_STAGE)
-    if w < 1 or h < 1:
-        raise InputError(f"image has no pixels ({w}x{h})", stage=_STAGE)
-    if w * h > limits.max_pixels:
-        raise InputError(f"image too large ({w}x{h} = {w * h / 1e6:.0f} MP, limit {limits.max_pixels / 1e6:.0f} MP)",
-                         stage=_STAGE)
+    _check_pixels(w, h, limits, what="image")
     if fmt == "JPEG" and not _jpeg_complete(data):
         raise InputError("truncated JPEG (the file ends before the image does)", stage=_STAGE)
-    return Header(format=fmt, width=w, height=h, has_alpha="A" in mode or mode == "P",
-                  grey=mode in _GREY_MODES or mode.startswith("I;16"))
+    return Header(format=fmt, width=w, height=h, has_alpha=has_alpha,
+                  grey=mode in _GREY_MODES or mode.startswith("I;16"), orientation=orientation)
+
+
+def _check_pixels(w: int, h: int, limits: Limits, *, what: str) -> None:
+    if w < 1 or h < 1:
+        raise InputError(f"{what} has no pixels ({w}x{h})", stage=_STAGE)
+    if w * h > limits.max_pixels:
+        raise InputError(f"{what} too large ({w}x{h} = {w * h / 1e6:.0f} MP, limit {limits.max_pixels / 1e6:.0f} MP)",
+                         stage=_STAGE)
+
+
+def _orientation(im: Image.Image) -> int:
+    """The EXIF orientation (1-8) ``im`` declares; 1 when it declares none or nonsense."""
+    # A PNG's eXIf chunk counts before the pixels only (where writers put it and browsers read it):
+    # to look for one after them, Pillow would decode the whole image.
+    if im.format == "PNG" and "exif" not in im.info:
+        return 1
+    try:
+        value = im.getexif().get(_EXIF_ORIENTATION, 1)
+    except (OSError, SyntaxError, ValueError, KeyError, TypeError, struct.error):  # broken EXIF: ignored
+        return 1
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+# EXIF orientation -> what turns the stored pixels upright (as Pillow's ImageOps.exif_transpose does).
+_UPRIGHT: dict[int, Callable[[np.ndarray], np.ndarray]] = {
+    2: lambda img: cv2.flip(img, 1),
+    3: lambda img: cv2.rotate(img, cv2.ROTATE_180),
+    4: lambda img: cv2.flip(img, 0),
+    5: cv2.transpose,
+    6: lambda img: cv2.rotate(img, cv2.ROTATE_90_CLOCKWISE),
+    7: lambda img: cv2.flip(cv2.transpose(img), -1),
+    8: lambda img: cv2.rotate(img, cv2.ROTATE_90_COUNTERCLOCKWISE),
+}
 
 
 def _jpeg_complete(data: bytes) -> bool:
     # FF D9 (end of image) cannot occur inside entropy-coded data (FF is stuffed as FF 00), so a
-    # JPEG whose tail has no EOI was cut short. Some writers pad with zeros or add a few bytes.
+    # JPEG whose tail has no EOI was cut short. Some writers pad with zeros or add a few bytes; what
+    # has more after its end (a motion photo's video) is told apart by walking its segments.
     tail = data[-4096:].rstrip(b"\x00\r\n ")
-    return tail.endswith(b"\xff\xd9") or b"\xff\xd9" in tail[-64:]
+    return tail.endswith(b"\xff\xd9") or b"\xff\xd9" in tail[-64:] or _jpeg_end(data) is not None
+
+
+# A marker in entropy-coded data: FF followed by neither 00 (a stuffed FF) nor D0-D7 (a restart marker).
+_SCAN_END = re.compile(rb"\xff[^\x00\xd0-\xd7]")
+
+
+def _jpeg_end(data: bytes) -> int | None:
+    """Where the JPEG's own data ends (just past its EOI marker), or None when the file ends first.
+
+    Walks the segments by their lengths, so an EOI inside one (an EXIF thumbnail's) does not count.
+    """
+    pos, size = 2, len(data)
+    while pos + 2 <= size:
+        if data[pos] != 0xFF:  # stray bytes between segments, which decoders skip too
+            found = _SCAN_END.search(data, pos)
+            if found is None:
+                return None
+            pos = found.start()
+            continue
+        marker = data[pos + 1]
+        if marker == 0xD9:
+            return pos + 2
+        if marker == 0xFF or marker == 0x01 or 0xD0 <= marker <= 0xD7:  # fill byte; markers without a length
+            pos += 1 if marker == 0xFF else 2
+            continue
+        if pos + 4 > size:
+            return None
+        pos += 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
+        if marker == 0xDA:  # start of scan: entropy-coded data up to the next marker
+            found = _SCAN_END.search(data, pos)
+            if found is None:
+                return None
+            pos = found.start()
+    return None
 
 
 _REDUCED = {
@@ -123,11 +221,12 @@ def decode(data: bytes, header: Header, *, grayscale: bool = False, reduce: int 
         raise InputError(f"cannot decode this image (OpenCV: {opencv_reason(exc)})", stage=_STAGE) from exc
     if img is None:
         raise InputError(f"corrupt {header.format} image (cannot be decoded)", stage=_STAGE)
+    if header.orientation in _UPRIGHT and flags == cv2.IMREAD_UNCHANGED:
+        img = _UPRIGHT[header.orientation](img)
     if img.dtype != np.uint8:  # 16-bit scans
         img = cv2.convertScaleAbs(img, alpha=255.0 / np.iinfo(img.dtype.name).max)
     if img.ndim == 3 and img.shape[2] == 4:
-        alpha = img[:, :, 3:4].astype(np.float32) / 255.0
-        img = (img[:, :, :3] * alpha + 255.0 * (1.0 - alpha)).astype(np.uint8)
+        img = _on_white(img)
     if grayscale and img.ndim == 3:
         return cv2.cvtColor(img, cv2.COLOR_BGR2GRAY)
     if not grayscale and img.ndim == 2:
@@ -175,26 +274,209 @@ def prepare(data: bytes, spec: InputSpec, limits: Limits = Limits()) -> Prepared
     return prepare_page(data, spec, limits).image
 
 
-def prepare_page(data: bytes, spec: InputSpec, limits: Limits = Limits(), *, preview_side: int = 0) -> PreparedPage:
-    """Bytes of an original page -> the engine's input and, when ``preview_side``, a grey preview.
+def prepare_page(data: bytes, spec: InputSpec, limits: Limits = Limits(), *, page: int = 1,
+                 preview_side: int = 0) -> PreparedPage:
+    """Page ``page`` of an original -> the engine's input and, when ``preview_side``, a grey preview.
 
-    Raises InputError for pages that cannot be read or prepared, and a retryable PaperlaneError when
-    memory runs out.
+    ``page`` counts from 1: a PDF's page, a TIFF's frame; any other image has page 1 only.
+    Raises InputError for pages that cannot be read or prepared (a page the original does not have
+    among them), and a retryable PaperlaneError when memory runs out.
     """
-    header = read_header(data, limits)
+    _check_file_size(data, limits)
+    if page < 1:
+        raise InputError(f"no page {page} (pages are numbered from 1)", stage=_STAGE)
     try:
-        reduce = dct_reduction(header, spec)
-        img = decode(data, header, grayscale=spec.grayscale or header.grey, reduce=reduce)
-        width, height = _original_size(img.shape[1], img.shape[0], header, reduce)
-        img, pad = _fit(img, spec)
+        if data.startswith(b"%PDF"):
+            img, width, height = render_pdf_page(data, page, spec, limits)
+            pad = (0, 0)  # rendered at the engine's size
+        else:
+            img, width, height = _decoded(data, page, spec, limits)
+            img, pad = _fit(img, spec)
         preview = grey_preview(img, preview_side) if preview_side else None
         image = _engine_input(img, pad, spec, width, height)
     except cv2.error as exc:
         raise InputError(f"cannot prepare this image (OpenCV: {opencv_reason(exc)})", stage=_STAGE) from exc
     except MemoryError:
-        raise PaperlaneError(f"not enough memory to prepare this page ({header.width}x{header.height})",
-                             stage=_STAGE, retryable=True) from None
+        raise PaperlaneError("not enough memory to prepare this page", stage=_STAGE, retryable=True) from None
     return PreparedPage(image=image, width=width, height=height, preview=preview)
+
+
+def _decoded(data: bytes, page: int, spec: InputSpec, limits: Limits) -> tuple[np.ndarray, int, int]:
+    """An image's page decoded for ``spec`` (upright; grey when it or the engine has no colour), and its
+    size in original pixels. Page 1 of any image, a multi-page TIFF's first included, takes OpenCV's
+    fast path (DCT reduction for JPEG)."""
+    if page > 1:
+        return decode_tiff_frame(data, page, limits, grayscale=spec.grayscale)
+    header = read_header(data, limits)
+    reduce = dct_reduction(header, spec)
+    img = decode(data, header, grayscale=spec.grayscale or header.grey, reduce=reduce)
+    width, height = _original_size(img.shape[1], img.shape[0], header, reduce)
+    return img, width, height
+
+
+# What Pillow's TIFF reader raises for a corrupt file: it has no error of its own, and a fuzzed
+# frame header gets KeyError or TypeError out of it besides the usual ones.
+_PILLOW_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, KeyError, TypeError)
+
+
+def decode_tiff_frame(data: bytes, page: int, limits: Limits, *,
+                      grayscale: bool = False) -> tuple[np.ndarray, int, int]:
+    """Frame ``page`` (from 1) of a multi-page TIFF: its pixels (upright; grey when it has no colour or
+    ``grayscale``, else BGR) and its size.
+
+    The frame's own header is checked against ``limits`` before its pixels are decoded (Pillow's guard,
+    not ours anyway, looks at the first frame only). Raises InputError for an image that is no TIFF.
+    """
+    if not data.startswith(_TIFF_MAGIC):
+        fmt = read_header(data, limits).format
+        raise InputError(f"no page {page} in a {fmt} image (it has one page)", stage=_STAGE)
+    try:
+        # Built directly, not by Image.open: its bomb guard would refuse every page for a huge first frame.
+        with TiffImagePlugin.TiffImageFile(io.BytesIO(data)) as im:
+            try:
+                im.seek(page - 1)
+            except EOFError:
+                # Counted anew: a seek past the end leaves Pillow's count at the frame it was asked for.
+                count = TiffImagePlugin.TiffImageFile(io.BytesIO(data)).n_frames
+                raise InputError(f"no page {page} in this TIFF ({count} page{'s' * (count != 1)})",
+                                 stage=_STAGE) from None
+            _check_pixels(*im.size, limits, what=f"TIFF page {page}")
+            frame, orientation = _eight_bit(im), _orientation(im)
+    except _PILLOW_ERRORS:
+        raise InputError(f"corrupt TIFF page {page} (cannot be decoded)", stage=_STAGE) from None
+    img = _frame_pixels(frame, grayscale=grayscale)
+    if orientation in _UPRIGHT:
+        img = _UPRIGHT[orientation](img)
+    return img, img.shape[1], img.shape[0]
+
+
+def _eight_bit(im: Image.Image) -> Image.Image:
+    """The current frame decoded, as a new image in mode "L", "RGB", "RGBA" or (kept for scaling) "I;16..."."""
+    im.load()
+    if im.mode.startswith("I;16"):
+        return im.copy()
+    if "A" in im.getbands() or "transparency" in im.info:
+        return im.convert("RGBA")
+    return im.convert("L" if im.mode in _GREY_MODES else "RGB")
+
+
+def _frame_pixels(im: Image.Image, *, grayscale: bool) -> np.ndarray:
+    """What ``_eight_bit`` gave as OpenCV pixels: grey when it has no colour or ``grayscale``, else BGR;
+    alpha composited on white, 16 bits scaled to 8."""
+    pixels = np.asarray(im)
+    if im.mode == "L":
+        return pixels
+    if im.mode.startswith("I;16"):
+        return cv2.convertScaleAbs(pixels.astype(np.uint16), alpha=255.0 / 65535)
+    rgb = _on_white(pixels) if im.mode == "RGBA" else pixels
+    return cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY if grayscale else cv2.COLOR_RGB2BGR)
+
+
+def _on_white(img: np.ndarray) -> np.ndarray:
+    """Four-channel pixels (colour channels, then alpha) composited on white: three channels, same order."""
+    alpha = img[:, :, 3:4].astype(np.float32) / 255.0
+    return (img[:, :, :3] * alpha + 255.0 * (1.0 - alpha)).astype(np.uint8)
+
+
+def render_pdf_page(data: bytes, page: int, spec: InputSpec, limits: Limits) -> tuple[np.ndarray, int, int]:
+    """Page ``page`` (from 1) of a PDF rendered at the engine's size (grey when ``spec.grayscale``, else
+    BGR), and the page's size in original pixels (at ``PDF_DPI``, see the module docstring).
+
+    Raises InputError for an unreadable or encrypted PDF, a page it does not have, and, before
+    rendering, a page whose engine-sized render or one of whose images would exceed ``limits.max_pixels``.
+    """
+    import pypdfium2 as pdfium
+
+    with _PDFIUM:
+        try:
+            pdf = pdfium.PdfDocument(data)
+        except pdfium.PdfiumError as exc:
+            raise _pdf_error(exc) from None
+        try:
+            count = len(pdf)
+            if not 1 <= page <= count:
+                raise InputError(f"no page {page} in this PDF ({count} page{'s' * (count != 1)})", stage=_STAGE)
+            pdf_page = pdf[page - 1]
+            try:
+                return _render(pdf_page, page, spec, limits)
+            finally:
+                pdf_page.close()
+        except pdfium.PdfiumError as exc:
+            raise InputError(f"unreadable PDF page {page} ({_pdfium_reason(exc)})", stage=_STAGE) from None
+        finally:
+            pdf.close()
+
+
+def _render(pdf_page: pypdfium2.PdfPage, page: int, spec: InputSpec, limits: Limits) -> tuple[np.ndarray, int, int]:
+    import pypdfium2 as pdfium
+    import pypdfium2.raw as pdfium_c
+
+    w_pt, h_pt = pdf_page.get_size()
+    if not (0 < w_pt < math.inf and 0 < h_pt < math.inf):
+        raise InputError(f"PDF page {page} has no area ({w_pt:g} x {h_pt:g} pt)", stage=_STAGE)
+    width, height = max(1, round(w_pt * PDF_DPI / 72)), max(1, round(h_pt * PDF_DPI / 72))
+    tw, th = target_size(width, height, spec)
+    if tw * th > limits.max_pixels:
+        raise InputError(f"PDF page {page} too large to render ({tw}x{th} = {tw * th / 1e6:.0f} MP at the engine's "
+                         f"size, limit {limits.max_pixels / 1e6:.0f} MP)", stage=_STAGE)
+    _check_page_images(pdf_page, page, limits)
+    grey = spec.grayscale
+    bitmap = pdfium.PdfBitmap.new_native(tw, th, format=pdfium_c.FPDFBitmap_Gray if grey else pdfium_c.FPDFBitmap_BGR)
+    try:
+        bitmap.fill_rect((255, 255, 255, 255), 0, 0, tw, th)
+        # Drawn into exactly tw x th: rounding the sides to multiple_of stretches the drawing by a few
+        # pixels at most, as the resize of a scan does, and the page needs no resize or padding after.
+        flags = pdfium_c.FPDF_ANNOT | (pdfium_c.FPDF_GRAYSCALE if grey else 0)
+        pdfium_c.FPDF_RenderPageBitmap(bitmap, pdf_page, 0, 0, tw, th, 0, flags)
+        img: np.ndarray = bitmap.to_numpy()  # a view of the buffer Python allocated: it outlives the bitmap
+    finally:
+        bitmap.close()
+    return img, width, height
+
+
+def _check_page_images(pdf_page: pypdfium2.PdfPage, page: int, limits: Limits) -> None:
+    """Refuse a page holding an image that declares more than ``limits.max_pixels``: PDFium decodes an
+    image whole however small the render (400 MP in a 390 kB PDF took 420 MB to render at 1/8).
+
+    Images inside form XObjects count, to the depth pypdfium2 goes (15). PDFium's raw calls, not
+    pypdfium2's object wrappers: a dense text page has thousands of objects (3,000 took 11 ms, now 3).
+    """
+    import pypdfium2.raw as pdfium_c
+
+    get_type, image, form = pdfium_c.FPDFPageObj_GetType, pdfium_c.FPDF_PAGEOBJ_IMAGE, pdfium_c.FPDF_PAGEOBJ_FORM
+    w, h = ctypes.c_uint(), ctypes.c_uint()
+    pending = [(pdfium_c.FPDFPage_CountObjects(pdf_page), pdfium_c.FPDFPage_GetObject, pdf_page.raw, 0)]
+    while pending:
+        count, get, holder, depth = pending.pop()
+        for i in range(count):
+            obj = get(holder, i)
+            kind = get_type(obj)
+            if kind == image and pdfium_c.FPDFImageObj_GetImagePixelSize(obj, w, h):
+                if w.value * h.value > limits.max_pixels:
+                    raise InputError(f"PDF page {page} holds an image too large ({w.value}x{h.value} = "
+                                     f"{w.value * h.value / 1e6:.0f} MP, limit {limits.max_pixels / 1e6:.0f} MP)",
+                                     stage=_STAGE)
+            elif kind == form and depth < 15:
+                pending.append((pdfium_c.FPDFFormObj_CountObjects(obj), pdfium_c.FPDFFormObj_GetObject, obj,
+                                depth + 1))
+
+
+def _pdf_error(exc: Exception) -> InputError:
+    """What PDFium's refusal to open a document means for its owner."""
+    import pypdfium2.raw as pdfium_c
+
+    code = getattr(exc, "err_code", None)
+    if code == pdfium_c.FPDF_ERR_PASSWORD:
+        return InputError("encrypted PDF (it opens only with its password)", stage=_STAGE)
+    if code == pdfium_c.FPDF_ERR_SECURITY:
+        return InputError("encrypted PDF (unsupported security handler)", stage=_STAGE)
+    return InputError(f"unreadable PDF ({_pdfium_reason(exc)})", stage=_STAGE)
+
+
+def _pdfium_reason(exc: Exception) -> str:
+    """PDFium's own short account, on one line ("PDFium: Data format error")."""
+    found = re.search(r"PDFium: [^)]*", str(exc))
+    return found.group(0) if found else " ".join(str(exc).split())[:120].rstrip(".")
 
 
 def _fit(img: np.ndarray, spec: InputSpec) -> tuple[np.ndarray, tuple[int, int]]:
