@@ -268,13 +268,15 @@ def document_progress(db: Database, document_id: str) -> tuple[DocumentRow, Prog
 
 
 def _live(s: Session, where: Any) -> tuple[int, int]:
-    """Running and unpublished pages: found from the few such jobs (partial indexes), then their pages."""
+    """Running and unpublished pages, in one round trip: found from the few such jobs (partial
+    indexes on jobs), then their pages."""
     j = _JOBS.c
-    running = s.scalar(select(func.count()).select_from(_JOBS.join(_PAGES, _PAGES.c.job_id == j.id))
-                       .where(j.status == JobStatus.RUNNING.value, where))
-    unpublished = s.scalar(select(func.count()).select_from(_JOBS.join(_PAGES, _PAGES.c.job_id == j.id))
-                           .where(j.status == JobStatus.QUEUED.value, j.enqueued_at.is_(None), where))
-    return int(running or 0), int(unpublished or 0)
+    joined = _JOBS.join(_PAGES, _PAGES.c.job_id == j.id)
+    running = select(func.count()).select_from(joined).where(j.status == JobStatus.RUNNING.value, where)
+    unpublished = select(func.count()).select_from(joined).where(
+        j.status == JobStatus.QUEUED.value, j.enqueued_at.is_(None), where)
+    found = s.execute(select(running.scalar_subquery(), unpublished.scalar_subquery())).one()
+    return int(found[0] or 0), int(found[1] or 0)
 
 
 def _failures(s: Session, where: Any) -> list[tuple[str, int]]:
