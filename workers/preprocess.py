@@ -31,7 +31,6 @@ import io
 import math
 import re
 import struct
-import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ import cv2
 import numpy as np
 from PIL import Image, TiffImagePlugin, UnidentifiedImageError
 
+from paperlane import pdfium as pdfium_lock
 from paperlane.errors import InputError, PaperlaneError
 from paperlane.models.engine import InputSpec, PreparedImage
 
@@ -56,7 +56,7 @@ _ORIENTED_UNLESS_ALPHA = {"PNG", "WEBP"}
 _EXIF_ORIENTATION = 0x0112
 PDF_DPI = 300  # a PDF page's original pixels: its size in points x PDF_DPI / 72 (see the module docstring)
 # PDFium is not thread-safe, and a worker prepares urgent pages on two threads.
-_PDFIUM = threading.Lock()
+PDFIUM_LOCK = pdfium_lock.LOCK
 
 
 @dataclass(frozen=True)
@@ -387,7 +387,7 @@ def render_pdf_page(data: bytes, page: int, spec: InputSpec, limits: Limits) -> 
     """
     import pypdfium2 as pdfium
 
-    with _PDFIUM:
+    with PDFIUM_LOCK:
         try:
             pdf = pdfium.PdfDocument(data)
         except pdfium.PdfiumError as exc:
