@@ -53,8 +53,8 @@ from sqlalchemy import func, select
 
 from paperlane.priority.broker import make_celery
 from paperlane.priority.lanes import Lane
-from paperlane.producer.inputs import PageInput
-from paperlane.producer.submit import CeleryPublisher, submit_pages
+from paperlane.producer.inputs import Document
+from paperlane.producer.submit import CeleryPublisher, submit_documents
 from paperlane.report import stage_report
 from paperlane.schemas import TaskSpec
 from paperlane.settings import load_settings
@@ -133,10 +133,10 @@ def run_worker(args: argparse.Namespace, root: Path, pages: Iterator[bytes], sim
         db = Database(settings.database_url)
         db.upgrade()
         t0 = time.perf_counter()
-        inputs = (PageInput(source=f"scan{i}.jpg", name=f"scan{i}", page=1, data=data, ext=".jpg")
+        inputs = (Document(source=f"scan{i}.jpg", name=f"scan{i}", ext=".jpg", data=data, page_count=1)
                   for i, data in enumerate(pages))
-        ids = [s.job.id for s in submit_pages(inputs, db=db, store=open_store(settings), spec=TaskSpec(),
-                                              lane=Lane.BATCH, publisher=CeleryPublisher(make_celery(settings)))]
+        ids = [s.job_id for s in submit_documents(inputs, db=db, store=open_store(settings), spec=TaskSpec(),
+                                                  lane=Lane.BATCH, publisher=CeleryPublisher(make_celery(settings)))]
         print(f"queued {len(ids)} A4 scans in {time.perf_counter() - t0:.1f}s (untimed)")
         worker = start_worker(config, root / "paperlane.log", sim.url)
         try:

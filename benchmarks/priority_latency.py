@@ -26,8 +26,8 @@ from sqlalchemy import func, select
 
 from paperlane.priority.broker import make_celery
 from paperlane.priority.lanes import Lane
-from paperlane.producer.inputs import PageInput
-from paperlane.producer.submit import CeleryPublisher, submit_pages
+from paperlane.producer.inputs import Document
+from paperlane.producer.submit import CeleryPublisher, submit_documents
 from paperlane.schemas import TaskSpec
 from paperlane.settings import load_settings
 from paperlane.storage import jobs as jobstore
@@ -57,10 +57,10 @@ class Submitter:
         pages = []
         for _ in range(count):
             self.n += 1
-            pages.append(PageInput(source=f"p{self.n}.jpg", name=f"p{self.n}", page=1,
-                                   data=with_comment(self.page, self.n), ext=".jpg"))
-        return [s.job.id for s in submit_pages(pages, db=self.db, store=self.store, spec=TaskSpec(), lane=lane,
-                                               publisher=self.publisher, publish_every=500)]
+            pages.append(Document(source=f"p{self.n}.jpg", name=f"p{self.n}", ext=".jpg",
+                                  data=with_comment(self.page, self.n), page_count=1))
+        return [s.job_id for s in submit_documents(pages, db=self.db, store=self.store, spec=TaskSpec(), lane=lane,
+                                                   publisher=self.publisher)]
 
     def latency(self, timeout: float = 60) -> float:
         """Submit one interactive page, wait for it; seconds from queued to stored (stages kept)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -18,6 +19,7 @@ from paperlane.schemas import JobStatus, PageResult, Task, TaskSpec
 from paperlane.settings import EngineKind, EngineSettings, Settings, load_settings
 
 if TYPE_CHECKING:
+    from paperlane.producer.inputs import Skipped
     from paperlane.storage.objects import ObjectStore
     from paperlane.storage.tables import JobRow
 
@@ -97,29 +99,59 @@ def _spec(task: Task, fields: list[str] | None, to: str) -> TaskSpec:
 @app.command()
 def run(
     paths: Annotated[list[Path], typer.Argument(help="images, PDFs, TIFFs, folders, zip/tar archives")],
-    out_dir: Annotated[Path, typer.Option("--out", "-o", help="where <name>.json and <name>.annotated.jpg go")],
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="where <name>.json, <name>.annotated.jpg, "
+                                          "<doc>.md and <doc>.pdf go")],
     task: TaskOpt = Task.SPOTTING, field: FieldOpt = None, to: LangOpt = "English",
     lane: LaneOpt = Lane.BATCH, force: ForceOpt = False,
     engine: EngineOpt = None, engine_url: EngineUrlOpt = None, model: ModelOpt = None, profile: ProfileOpt = None,
 ) -> None:
-    """Process pages in this process (no Redis needed) and write one JSON and one PNG per page."""
-    from paperlane.producer.inputs import expand
+    """Process documents in this process (no Redis needed): per page a JSON and an annotated image,
+    per document its markdown, a searchable PDF and (several pages) the document's JSON."""
+    from paperlane.producer.inputs import check_paths, expand
     from paperlane.workers.embedded import run_embedded
     from paperlane.workers.pipeline import Runtime
 
     settings = _settings(engine, engine_url, model, profile)
     spec = _spec(task, field, to)
-    pages = expand(paths)
+    check_paths(paths)  # usage errors before the engine loads
+    _check_out_dir(out_dir)
     rt = Runtime.start(settings)
     try:
-        summary = run_embedded(rt, pages, out_dir=out_dir, spec=spec, lane=lane, force=force, on_page=_print_page)
+        summary = run_embedded(rt, expand(paths, settings.ingest), out_dir=out_dir, spec=spec, lane=lane,
+                               force=force, name=_ingest_name(paths), sources=_sources(paths), on_page=_print_page,
+                               on_skipped=_print_skipped)
     finally:
         rt.close()
     ok = summary.pages - summary.failed
-    out.print(f"\n{summary.pages} pages: {ok} succeeded, {summary.failed} failed "
-              f"in {summary.seconds:.1f}s -> {out_dir}")
+    skipped = f", {summary.skipped} files skipped" if summary.skipped else ""
+    out.print(f"\n{summary.documents} documents, {summary.pages} pages: {ok} succeeded, {summary.failed} failed"
+              f"{skipped} in {summary.seconds:.1f}s -> {out_dir}")
     _print_time_table(summary.timings)
     raise typer.Exit(1 if summary.failed else 0)
+
+
+def _check_out_dir(out_dir: Path) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--out {out_dir} exists and is not a folder")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {out_dir}: cannot create it ({exc.strerror})") from exc
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {out_dir} is not writable")
+
+
+def _ingest_name(paths: list[Path]) -> str:
+    names = ", ".join(str(p) for p in paths)
+    return names if len(names) <= 200 else names[:197] + "..."
+
+
+def _sources(paths: list[Path]) -> list[str]:
+    return [str(p) if str(p).startswith("s3://") else str(p.resolve()) for p in paths]
+
+
+def _print_skipped(item: Skipped) -> None:
+    out.print(f"[yellow]skipped[/] {item.source}  {item.reason}", highlight=False)
 
 
 def _print_page(name: str, result: PageResult) -> None:
@@ -147,35 +179,67 @@ def _print_time_table(timings: list[dict[str, float]]) -> None:
 
 @app.command()
 def submit(
-    paths: Annotated[list[Path], typer.Argument(help="images, PDFs, TIFFs, folders, zip/tar archives")],
+    paths: Annotated[list[str], typer.Argument(help="images, PDFs, TIFFs, folders, zip/tar archives, s3://bucket/prefix")],
     task: TaskOpt = Task.SPOTTING, field: FieldOpt = None, to: LangOpt = "English",
     lane: LaneOpt = Lane.BATCH,
     priority: Annotated[int, typer.Option("--priority", help="order within the lane, 0 (first) to 4")] = 0,
     force: ForceOpt = False,
-    as_json: Annotated[bool, typer.Option("--json", help="one JSON object per page instead of bare ids")] = False,
+    name: Annotated[str | None, typer.Option("--name", help="the ingest's name (default: the paths)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object per page instead of bare job ids")] = False,
 ) -> None:
-    """Upload pages, register one job per page, queue them; print one job id per line."""
+    """Register an ingest: upload its documents, one job per page, queue them; print one job id per page.
+
+    Submitting the same paths again after an interruption resumes that ingest."""
     from paperlane.priority.broker import make_celery
-    from paperlane.producer.inputs import expand
-    from paperlane.producer.submit import CeleryPublisher, submit_pages
+    from paperlane.producer.inputs import Skipped, check_paths, expand
+    from paperlane.producer.submit import CeleryPublisher, Submitter
     from paperlane.storage.db import Database
     from paperlane.storage.objects import open_store
 
     settings = _settings()
     spec = _spec(task, field, to)
+    local = [Path(p) for p in paths if not p.startswith("s3://")]
+    check_paths(local)
     db = Database(settings.database_url)
     db.upgrade()
-    publisher = CeleryPublisher(make_celery(settings))
-    counts: dict[str, int] = {}
-    for sub in submit_pages(expand(paths), db=db, store=open_store(settings), spec=spec, lane=lane,
-                            level=priority, force=force, publisher=publisher):
-        counts[sub.action] = counts.get(sub.action, 0) + 1
-        if as_json:
-            print(json.dumps({"job_id": sub.job.id, "action": sub.action, "source": sub.page.source,
-                              "page": sub.page.page, "status": sub.job.status}), flush=True)
-        else:
-            print(sub.job.id, flush=True)
-    err.print(", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "nothing to submit")
+    store = open_store(settings)
+    submitter = Submitter(db=db, store=store, spec=spec, lane=lane, level=priority, force=force,
+                          publisher=CeleryPublisher(make_celery(settings)), limits=settings.ingest)
+    sources = [p if p.startswith("s3://") else str(Path(p).resolve()) for p in paths]
+    items = expand(paths, settings.ingest, s3=_s3_client(settings) if len(local) < len(paths) else None)
+    with _progress(enabled=err.is_terminal) as bar:
+        task_id = bar.add_task("submitting", total=None)
+        for item in submitter.submit(items, name=name or ", ".join(paths)[:200], sources=sources):
+            if isinstance(item, Skipped):
+                if as_json:
+                    print(json.dumps({"skipped": item.source, "reason": item.reason}), flush=True)
+                continue
+            bar.advance(task_id)
+            if as_json:
+                print(json.dumps({"job_id": item.job_id, "page_id": item.page_id, "document_id": item.document_id,
+                                  "ingest_id": item.ingest_id, "action": item.action, "source": item.source,
+                                  "page": item.page_no, "status": item.status.value, "error": item.error}),
+                      flush=True)
+            else:
+                print(item.job_id, flush=True)
+    s_ = submitter.summary
+    actions = ", ".join(f"{v} {k}" for k, v in sorted(s_.actions.items())) or "no pages"
+    resumed = f" (resumed; {s_.skipped_before} documents registered before)" if s_.resumed else ""
+    err.print(f"ingest {s_.ingest_id}: {s_.documents} documents, {s_.pages} pages: {actions}; "
+              f"{s_.skipped} files skipped{resumed}", highlight=False)
+
+
+def _s3_client(settings: Settings) -> Any:
+    from paperlane.storage.s3 import S3Store
+
+    return S3Store.from_settings(settings.storage.model_copy(update={"create_bucket": False})).client
+
+
+def _progress(*, enabled: bool) -> Any:
+    from rich.progress import MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), MofNCompleteColumn(),
+                    TextColumn("pages"), TimeElapsedColumn(), console=err, disable=not enabled, transient=False)
 
 
 @app.command()
@@ -209,17 +273,32 @@ def worker(
 
 @app.command()
 def status(
-    job_ids: Annotated[list[str], typer.Argument(help="job ids printed by submit")],
+    job_ids: Annotated[list[str] | None, typer.Argument(help="job ids printed by submit")] = None,
+    ingest: Annotated[str | None, typer.Option("--ingest", help="an ingest's progress")] = None,
+    document: Annotated[str | None, typer.Option("--document", help="a document's progress")] = None,
+    page: Annotated[str | None, typer.Option("--page", help="a page (id from submit --json)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
-    """Show jobs' status, attempts, error, stage timings and where their results are."""
+    """Status: of jobs (their attempts, error, stage timings, results), or the progress of an ingest or a
+    document (pages queued / running / succeeded / failed, pages/s, time left, failures by reason)."""
+    from paperlane.storage import ingests
     from paperlane.storage import jobs as jobstore
     from paperlane.storage.db import Database
     from paperlane.storage.objects import open_store
 
     settings = _settings()
     db = Database(settings.database_url)
-    db.upgrade()
+    if ingest or document:
+        row, progress, failures = (ingests.ingest_progress(db, ingest) if ingest
+                                   else ingests.document_progress(db, document or ""))
+        view = _progress_view(row, progress, failures)
+        print(json.dumps(view, indent=1)) if as_json else _print_progress(view)
+        raise typer.Exit(1 if progress.failed else 0)
+    if page:
+        found = ingests.get_page(db, page)
+        job_ids = [found.job.id]
+    if not job_ids:
+        raise UsageError("give job ids, --page, --document or --ingest")
     store = open_store(settings)
     rows = {r.id: r for r in jobstore.get_jobs(db, job_ids)}
     views = [_job_view(rows.get(j), j, store) for j in job_ids]
@@ -231,13 +310,57 @@ def status(
     raise typer.Exit(1 if any(v["status"] in (None, "failed") for v in views) else 0)
 
 
+def _progress_view(row: Any, p: Any, failures: list[tuple[str, int]]) -> dict[str, Any]:
+    from paperlane.storage.tables import IngestRow
+
+    kind = "ingest" if isinstance(row, IngestRow) else "document"
+    view: dict[str, Any] = {f"{kind}_id": row.id, "name": row.name}
+    if kind == "document":
+        view.update(source=row.source, ingest_id=row.ingest_id, error=row.error,
+                    outputs={"json": row.json_key, "markdown": row.markdown_key, "pdf": row.pdf_key})
+    else:
+        view.update(documents=row.documents_total, skipped=row.skipped, registering=row.registered_at is None)
+    view.update(pages=p.total, queued=p.queued, unpublished=p.unpublished, running=p.running,
+                succeeded=p.succeeded, failed=p.failed, done=p.done,
+                pages_per_s=round(p.pages_per_s, 2) if p.pages_per_s else None,
+                eta_s=round(p.eta_s, 1) if p.eta_s is not None else None,
+                failures=[{"reason": r, "pages": n} for r, n in failures])
+    return view
+
+
+def _print_progress(v: dict[str, Any]) -> None:
+    kind = "ingest" if "ingest_id" in v and "documents" in v else "document"
+    done = v["succeeded"] + v["failed"]
+    state = "done" if v["done"] else ("registering" if v.get("registering") else "in progress")
+    out.print(f"[bold]{kind} {v[f'{kind}_id']}[/]  {v['name']}  [{'green' if v['done'] else 'yellow'}]{state}[/]",
+              highlight=False)
+    extra = f", {v['documents']} documents, {v['skipped']} files skipped" if kind == "ingest" else ""
+    out.print(f"  {done}/{v['pages']} pages final{extra}")
+    out.print(f"  queued {v['queued']}  running {v['running']}  succeeded {v['succeeded']}  failed {v['failed']}"
+              + (f"  [red]not published {v['unpublished']} (broker was unreachable; submit again)[/]"
+                 if v["unpublished"] else ""))
+    if v["pages_per_s"]:
+        eta = f", about {_duration(v['eta_s'])} left" if v["eta_s"] and not v["done"] else ""
+        out.print(f"  {v['pages_per_s']:.1f} pages/s{eta}")
+    for f in v["failures"]:
+        out.print(f"  [red]{f['pages']:>6}[/] {f['reason']}", highlight=False)
+
+
+def _duration(seconds: float) -> str:
+    minutes, sec = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{sec:02d}s" if minutes else f"{sec}s"
+
+
 def _job_view(row: JobRow | None, job_id: str, store: ObjectStore) -> dict[str, Any]:
     from paperlane.storage.jobs import job_timings
 
     if row is None:
         return {"job_id": job_id, "status": None, "error": "no such job"}
+    unpublished = row.status == JobStatus.QUEUED.value and row.enqueued_at is None
     return {
-        "job_id": row.id, "status": row.status, "lane": row.lane, "task": row.task, "source": row.source,
+        "job_id": row.id, "status": "unpublished" if unpublished else row.status, "lane": row.lane,
+        "task": row.task, "source": row.source,
         "page": row.page, "attempts": row.attempts, "error": row.error, "error_stage": row.error_stage,
         "engine": row.engine, "timings": job_timings(row),
         "result": store.url(row.result_key) if row.result_key else None,

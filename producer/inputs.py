@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from paperlane.errors import InputError, PaperlaneError, StorageUnavailable, UsageError
+from paperlane.pdfium import LOCK as PDFIUM_LOCK
 from paperlane.settings import IngestSettings
 
 log = logging.getLogger(__name__)
@@ -467,17 +468,18 @@ def _pdf_pages(data: bytes) -> int:
     import pypdfium2 as pdfium
     import pypdfium2.raw as pdfium_c
 
-    try:
-        pdf = pdfium.PdfDocument(data)
-    except pdfium.PdfiumError as exc:
-        encrypted = exc.err_code == pdfium_c.FPDF_ERR_PASSWORD
-        raise _Refused("encrypted PDF (password required)" if encrypted else "unreadable PDF") from exc
-    try:
-        if not (pages := len(pdf)):
-            raise _Refused("PDF has no pages")
-        return pages
-    finally:
-        pdf.close()
+    with PDFIUM_LOCK:  # paperlane run reads inputs while its worker threads may render PDF pages
+        try:
+            pdf = pdfium.PdfDocument(data)
+        except pdfium.PdfiumError as exc:
+            encrypted = exc.err_code == pdfium_c.FPDF_ERR_PASSWORD
+            raise _Refused("encrypted PDF (password required)" if encrypted else "unreadable PDF") from exc
+        try:
+            if not (pages := len(pdf)):
+                raise _Refused("PDF has no pages")
+            return pages
+        finally:
+            pdf.close()
 
 
 def _tiff_pages(data: bytes, cap: int) -> int:

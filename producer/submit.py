@@ -1,29 +1,39 @@
-"""Submission: pages -> originals in object storage, job rows in the database, messages to publish.
+"""Submission: documents -> originals in object storage, ingest/document/page/job rows, messages.
 
-A page's job is keyed by its content hash and what is asked of it, so submitting the same file
-twice finds the same job: a queued, running or succeeded job is left alone, a failed one is
-queued again (or any one, with ``force``), and one whose message never reached the broker (the
-broker was down) is published now.
+A stream of documents (``producer.inputs``) is registered a chunk at a time: originals are
+uploaded on a thread pool while reading goes on (small ones packed together, one PUT for hundreds of
+pages), then the chunk's jobs, documents and pages are inserted in one transaction and its new work
+published in one go. Memory is bounded by the chunk and the uploads in flight, not the ingest.
+
+A page's job is keyed by its original's content hash, its page number in it and what is asked of
+it, so a page that occurs in several documents is one job: a queued, running or succeeded job is
+left alone, a failed one is queued again (or any one, with ``force``), and one whose message never
+reached the broker (it was down) is published now. An ingest interrupted and started again with the
+same sources resumes: the documents it registered are not read into the store again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from paperlane.errors import public_reason
 from paperlane.priority.lanes import Lane, message_priority
-from paperlane.producer.inputs import PageInput
+from paperlane.producer.inputs import Document, Skipped
 from paperlane.schemas import JobStatus, Stage, TaskSpec
+from paperlane.settings import IngestSettings
+from paperlane.storage import ingests
 from paperlane.storage import jobs as jobstore
-from paperlane.storage.db import Database
-from paperlane.storage.objects import ObjectStore, original_key
-from paperlane.storage.tables import JobRow
+from paperlane.storage.db import Database, utcnow
+from paperlane.storage.ingests import NewDocument, NewPage
+from paperlane.storage.objects import ObjectStore, original_key, pack_key, ranged
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -31,98 +41,263 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _JOB_NAMESPACE = uuid.UUID("6a0b3c8e-3f0e-4f43-9d55-70617065726c")
+PACK_BELOW = 1 << 20  # originals smaller than this share a pack object
+PACK_BYTES = 8 << 20  # a pack is uploaded when it holds this much
+CHUNK_PAGES = 500  # pages registered per transaction
+IN_FLIGHT_BYTES = 256 << 20  # originals read and not yet uploaded
+
+
+@dataclass(frozen=True)
+class Work:
+    """A job to hand to the workers."""
+
+    job_id: str
+    lane: Lane
+    priority: int
 
 
 class Publisher(Protocol):
-    def publish(self, jobs: list[JobRow]) -> None:
+    def publish(self, work: list[Work]) -> None:
         """Hand the jobs to the workers. Raises StorageUnavailable when the broker is down."""
         ...
 
 
 @dataclass
-class Submitted:
-    page: PageInput
-    job: JobRow
+class SubmittedPage:
+    """One page of a registered document and what submission did about its job."""
+
+    ingest_id: str
+    document_id: str
+    page_id: str
+    source: str  # the document's source
+    name: str  # the document's output stem
+    page_no: int
+    page_count: int
+    job_id: str
+    lane: Lane
+    status: JobStatus  # the job's state once registered
     action: str  # "queued" | "requeued" | "exists" | "failed"
+    error: str | None = None  # the document was refused: why
 
 
-def job_key(content_sha256: str, spec: TaskSpec) -> str:
-    return hashlib.sha256(f"{content_sha256}:{spec.cache_key()}".encode()).hexdigest()
+@dataclass
+class IngestSummary:
+    ingest_id: str = ""
+    resumed: bool = False
+    documents: int = 0
+    pages: int = 0
+    skipped: int = 0
+    skipped_before: int = 0  # documents an interrupted run of this ingest registered already
+    actions: dict[str, int] = field(default_factory=dict)
+
+
+def job_key(content_sha256: str, page_no: int, spec: TaskSpec) -> str:
+    return hashlib.sha256(f"{content_sha256}:{page_no}:{spec.cache_key()}".encode()).hexdigest()
 
 
 def job_id_for(key: str) -> str:
     return str(uuid.uuid5(_JOB_NAMESPACE, key))
 
 
-def submit_pages(pages: Iterable[PageInput], *, db: Database, store: ObjectStore, spec: TaskSpec,
-                 lane: Lane = Lane.BATCH, level: int = 0, force: bool = False,
-                 publisher: Publisher | None = None, publish_every: int = 100) -> Iterator[Submitted]:
-    """Store and register each page; publish new work in chunks when a publisher is given."""
-    pending: list[JobRow] = []
-    for page, read_s in _timed(pages):
-        sub = _register(page, db=db, store=store, spec=spec, lane=lane, level=level, force=force,
-                        upload_s=read_s)
-        if sub.action in ("queued", "requeued"):
-            pending.append(sub.job)
-        if publisher is not None and len(pending) >= publish_every:
-            _publish(db, publisher, pending)
-        yield sub
-    if publisher is not None and pending:
-        _publish(db, publisher, pending)
+@dataclass
+class _Doc:
+    """A document of the current chunk: its rows, and its upload while it runs."""
+
+    row: NewDocument
+    data_sha: str
+    upload_s: float
+    upload: Future[None] | None = None
+    span: tuple[int, int] | None = None  # its bytes in the pack being filled
 
 
-def _timed(pages: Iterable[PageInput]) -> Iterator[tuple[PageInput, float]]:
-    """Each page with the seconds spent reading it (rendering, for PDF pages)."""
-    it = iter(pages)
-    while True:
-        t0 = time.perf_counter()
+class Submitter:
+    """Registers documents into one ingest; iterate ``submit`` to drive it."""
+
+    def __init__(self, *, db: Database, store: ObjectStore, spec: TaskSpec, lane: Lane = Lane.BATCH,
+                 level: int = 0, force: bool = False, publisher: Publisher | None = None,
+                 limits: IngestSettings | None = None, resume: bool = True, chunk_pages: int = CHUNK_PAGES) -> None:
+        self.db, self.store, self.spec, self.lane, self.force = db, store, spec, lane, force
+        self.priority = message_priority(lane, level)
+        self.publisher = publisher
+        self.limits = limits or IngestSettings()
+        self.resume = resume
+        self.chunk_pages = chunk_pages
+        self.summary = IngestSummary()
+        self._uploads = ThreadPoolExecutor(max_workers=self.limits.upload_threads, thread_name_prefix="upload")
+        self._room = threading.BoundedSemaphore(IN_FLIGHT_BYTES >> 16)  # in 64 kB units
+        self._pack = bytearray()
+        self._pack_docs: list[_Doc] = []
+
+    def submit(self, items: Iterable[Document | Skipped], *, name: str,
+               sources: list[str]) -> Iterator[SubmittedPage | Skipped]:
+        """Register every document of ``items`` into the ingest ``name``; yields each page (and each
+        skipped file) as its chunk is registered. The ingest is closed when ``items`` ends."""
+        task_options = self.spec.model_dump(mode="json", exclude={"task"})
+        key = ingests.ingest_key(name=name, sources=sources, lane=self.lane.value, task_key=self.spec.cache_key())
+        ingest, resumed = ingests.open_ingest(self.db, key=key, name=name, lane=self.lane.value,
+                                              task=self.spec.task.value, task_options=task_options)
+        self.summary.ingest_id, self.summary.resumed = ingest.id, resumed
+        known = ingests.registered_sources(self.db, ingest.id) if resumed and self.resume else set()
+        if known:
+            self._publish_unpublished(ingest.id)
         try:
-            page = next(it)
-        except StopIteration:
+            yield from self._chunks(ingest.id, items, known)
+        finally:
+            self._uploads.shutdown(wait=True, cancel_futures=True)
+        ingests.close_ingest(self.db, ingest.id, skipped=self.summary.skipped)
+
+    def _chunks(self, ingest_id: str, items: Iterable[Document | Skipped],
+                known: set[str]) -> Iterator[SubmittedPage | Skipped]:
+        chunk: list[_Doc] = []
+        pages = 0
+        seq = ingests.next_seq(self.db, ingest_id)
+        for item in items:
+            if isinstance(item, Skipped):
+                self.summary.skipped += 1
+                yield item
+                continue
+            if item.source in known:
+                self.summary.skipped_before += 1
+                continue
+            chunk.append(self._stage(ingest_id, seq, item))
+            seq += 1
+            pages += chunk[-1].row.pages_total
+            if pages >= self.chunk_pages:
+                yield from self._register(ingest_id, chunk)
+                chunk, pages = [], 0
+        if chunk:
+            yield from self._register(ingest_id, chunk)
+
+    def _stage(self, ingest_id: str, seq: int, doc: Document) -> _Doc:
+        """The document's rows, its original on its way to the store."""
+        t0 = time.perf_counter()
+        sha = hashlib.sha256(doc.data).hexdigest() if doc.error is None else ""
+        row = NewDocument(id=ingests.document_id_for(ingest_id, doc.source), seq=seq, source=doc.source,
+                          name=doc.name, ext=doc.ext[:16], pages_total=max(1, doc.page_count))
+        staged = _Doc(row, sha, doc.read_s)
+        if doc.error is not None:
+            row.error = public_reason(doc.error)
+            row.pages_total = 1
+        elif len(doc.data) < PACK_BELOW:
+            self._pack_docs.append(staged)
+            staged.span = (len(self._pack), len(self._pack) + len(doc.data))
+            self._pack += doc.data
+            if len(self._pack) >= PACK_BYTES:
+                self._flush_pack(ingest_id)
+        else:
+            row.original_key = original_key(sha, doc.ext)
+            staged.upload = self._upload(row.original_key, doc.data)
+        row.content_sha256 = sha or None
+        staged.upload_s += time.perf_counter() - t0
+        return staged
+
+    def _upload(self, key: str, data: bytes | bytearray) -> Future[None]:
+        units = max(1, min(len(data) >> 16, IN_FLIGHT_BYTES >> 16))
+        for _ in range(units):
+            self._room.acquire()
+
+        def put() -> None:
+            try:
+                self.store.put(key, bytes(data))
+            finally:
+                for _ in range(units):
+                    self._room.release()
+        return self._uploads.submit(put)
+
+    def _flush_pack(self, ingest_id: str) -> None:
+        if not self._pack_docs:
             return
-        yield page, time.perf_counter() - t0
+        key = pack_key(ingest_id, uuid.uuid4().hex)
+        upload = self._upload(key, self._pack)
+        for doc in self._pack_docs:
+            assert doc.span is not None
+            doc.row.original_key = ranged(key, *doc.span)
+            doc.upload = upload
+        self._pack, self._pack_docs = bytearray(), []
 
+    def _register(self, ingest_id: str, chunk: list[_Doc]) -> Iterator[SubmittedPage]:
+        self._flush_pack(ingest_id)
+        t0 = time.perf_counter()
+        for doc in chunk:
+            if doc.upload is not None:
+                doc.upload.result()  # StorageUnavailable: the submit stops, and resumes when run again
+        wait_s = (time.perf_counter() - t0) / max(1, len(chunk))
+        jobs, pages, refs = [], [], []
+        for doc in chunk:
+            for page_no in range(1, doc.row.pages_total + 1):
+                job = self._job_row(doc, page_no, upload_s=doc.upload_s + wait_s)
+                page = NewPage(id=ingests.page_id_for(doc.row.id, page_no), document_id=doc.row.id,
+                               page_no=page_no, job_id=job["id"])
+                jobs.append(job)
+                pages.append(page)
+                refs.append((doc, page))
+        found = ingests.register(self.db, ingest_id, jobs=jobs, documents=[d.row for d in chunk], pages=pages)
+        actions = self._settle(found, {p.job_id for d, p in refs if d.row.error is not None})
+        self.summary.documents += len(found.new_documents)
+        self.summary.pages += len(pages)
+        for doc, page in refs:
+            action, status = actions[page.job_id]
+            self.summary.actions[action] = self.summary.actions.get(action, 0) + 1
+            yield SubmittedPage(ingest_id=ingest_id, document_id=doc.row.id, page_id=page.id, source=doc.row.source,
+                                name=doc.row.name, page_no=page.page_no, page_count=doc.row.pages_total,
+                                job_id=page.job_id, lane=self.lane, status=status, action=action, error=doc.row.error)
 
-def _publish(db: Database, publisher: Publisher, pending: list[JobRow]) -> None:
-    publisher.publish(pending)
-    jobstore.mark_enqueued(db, [j.id for j in pending])
-    pending.clear()
+    def _job_row(self, doc: _Doc, page_no: int, *, upload_s: float) -> dict:
+        if doc.row.error is not None:  # refused: a failed job of its own, keyed by what was refused and why
+            key = hashlib.sha256(f"refused:{doc.row.source}:{doc.row.error}".encode()).hexdigest()
+            status, error, stage = JobStatus.FAILED.value, doc.row.error, Stage.UPLOAD.value
+        else:
+            key = job_key(doc.data_sha, page_no, self.spec)
+            status, error, stage = JobStatus.QUEUED.value, None, None
+        now = utcnow()
+        return dict(id=job_id_for(key), job_key=key, content_sha256=doc.data_sha or key, source=doc.row.source,
+                    page=page_no, lane=self.lane.value, priority=self.priority, task=self.spec.task.value,
+                    task_options=self.spec.model_dump(mode="json", exclude={"task"}), status=status, attempts=0,
+                    error=error, error_stage=stage, original_key=doc.row.original_key, upload_s=upload_s,
+                    created_at=now, updated_at=now, finished_at=now if error else None)
 
+    def _settle(self, found: ingests.Registered, refused: set[str]) -> dict[str, tuple[str, JobStatus]]:
+        """What happens to each job of the chunk: published, requeued, or left as it is."""
+        actions: dict[str, tuple[str, JobStatus]] = {}
+        publish: list[str] = []
+        for job_id, status in found.job_status.items():
+            if job_id in refused:
+                actions[job_id] = ("failed", status)
+            elif job_id in found.new_jobs or job_id in found.unpublished:
+                actions[job_id] = ("queued", status)
+                publish.append(job_id)
+            elif self.force or status is JobStatus.FAILED:
+                if status.terminal:
+                    jobstore.requeue(self.db, job_id)
+                    actions[job_id] = ("requeued", JobStatus.QUEUED)
+                    publish.append(job_id)
+                else:
+                    actions[job_id] = ("exists", status)
+            else:
+                actions[job_id] = ("exists", status)
+        if self.publisher is not None and publish:
+            self.publisher.publish([Work(j, self.lane, self.priority) for j in publish])
+            jobstore.mark_enqueued(self.db, publish)
+        return actions
 
-def _register(page: PageInput, *, db: Database, store: ObjectStore, spec: TaskSpec, lane: Lane, level: int,
-              force: bool, upload_s: float) -> Submitted:
-    t0 = time.perf_counter()
-    sha = hashlib.sha256(page.data).hexdigest()
-    key = job_key(sha, spec)
-    new = jobstore.NewJob(id=job_id_for(key), job_key=key, content_sha256=sha, source=page.source,
-                          page=page.page, lane=lane.value, priority=message_priority(lane, level),
-                          task=spec.task.value, task_options=spec.model_dump(mode="json", exclude={"task"}))
-    if page.error is not None:
-        row, _ = jobstore.create_job(db, new, status=JobStatus.FAILED, error=public_reason(page.error),
-                                     error_stage=page.error.stage)
-        return Submitted(page, row, "failed" if row.status == JobStatus.FAILED.value else "exists")
-    new.original_key = original_key(sha, page.ext)
-    if not store.exists(new.original_key):
-        store.put(new.original_key, page.data)
-    new.upload_s = upload_s + time.perf_counter() - t0
-    row, created = jobstore.create_job(db, new)
-    if created:
-        return Submitted(page, row, "queued")
-    if force or row.status == JobStatus.FAILED.value:
-        jobstore.requeue(db, row.id, upload_s=new.upload_s)
-        return Submitted(page, jobstore.get_job(db, row.id), "requeued")
-    if row.status == JobStatus.QUEUED.value and row.enqueued_at is None:
-        return Submitted(page, row, "queued")  # registered by a submit whose publish failed: publish now
-    return Submitted(page, row, "exists")
+    def _publish_unpublished(self, ingest_id: str) -> None:
+        """Jobs an interrupted submit registered and never published."""
+        if self.publisher is None:
+            return
+        work = ingests.unpublished_work(self.db, ingest_id)
+        for i in range(0, len(work), self.chunk_pages):
+            part = work[i:i + self.chunk_pages]
+            self.publisher.publish([Work(job_id, Lane(lane), priority) for job_id, lane, priority in part])
+            jobstore.mark_enqueued(self.db, [job_id for job_id, _, _ in part])
 
 
 class CeleryPublisher:
-    """Publishes jobs to the lane's queue with the lane's message priority."""
+    """Publishes jobs to their lane's queue with their message priority."""
 
     def __init__(self, app: Celery) -> None:
         self._app = app
 
-    def publish(self, jobs: list[JobRow]) -> None:
+    def publish(self, work: list[Work]) -> None:
         from kombu.exceptions import OperationalError
 
         from paperlane.errors import StorageUnavailable
@@ -130,7 +305,16 @@ class CeleryPublisher:
 
         try:
             with self._app.producer_or_acquire() as producer:
-                for job in jobs:
-                    send_page(self._app, job.id, Lane(job.lane), job.priority, producer=producer)
+                for w in work:
+                    send_page(self._app, w.job_id, w.lane, w.priority, producer=producer)
         except OperationalError as exc:
             raise StorageUnavailable(f"broker unreachable: {exc}", stage=Stage.UPLOAD.value) from exc
+
+
+def submit_documents(documents: Iterable[Document], *, db: Database, store: ObjectStore, spec: TaskSpec,
+                     lane: Lane = Lane.BATCH, level: int = 0, force: bool = False,
+                     publisher: Publisher | None = None, name: str | None = None) -> list[SubmittedPage]:
+    """Register ``documents`` as one new ingest and return their pages (for callers with a few documents)."""
+    submitter = Submitter(db=db, store=store, spec=spec, lane=lane, level=level, force=force, publisher=publisher)
+    name = name or f"submit {uuid.uuid4()}"
+    return [p for p in submitter.submit(documents, name=name, sources=[]) if isinstance(p, SubmittedPage)]

@@ -199,3 +199,21 @@ def worker_factory() -> Iterator[Callable[..., WorkerProcess]]:
     yield start
     for w in started:
         w.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    else:
+        pg: Service = request.getfixturevalue("postgres_service")
+        name = f"j_{uuid.uuid4().hex[:12]}"
+        admin = psycopg2.connect(pg.url.replace("postgresql+psycopg2", "postgresql"))
+        admin.autocommit = True
+        admin.cursor().execute(f"CREATE DATABASE {name}")
+        admin.close()
+        url = pg.url.rsplit("/", 1)[0] + f"/{name}"
+    database = Database(url)
+    database.upgrade()
+    yield database
+    database.dispose()

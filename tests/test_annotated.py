@@ -8,7 +8,7 @@ import cv2
 import numpy as np
 import pytest
 
-from paperlane.producer.inputs import PageInput
+from paperlane.producer.inputs import Document
 from paperlane.schemas import Line, TaskSpec
 from paperlane.settings import ImageFormat, Settings, WorkerSettings
 from paperlane.storage import jobs as jobstore
@@ -48,7 +48,7 @@ def test_png_on_request_and_a_later_run_keeps_each_pages_format(tmp_path: Path) 
                                                                              preprocess_processes=0))
         rt = Runtime.start(settings, engine=StubEngine())  # type: ignore[arg-type]
         try:
-            inputs = [PageInput(source=f"{n}.png", name=n, page=1, data=d, ext=".png") for n, d in pages]
+            inputs = [Document(source=f"{n}.png", name=n, ext=".png", data=d, page_count=1) for n, d in pages]
             assert run_embedded(rt, inputs, out_dir=out, spec=TaskSpec()).failed == 0
         finally:
             rt.close()
@@ -61,8 +61,9 @@ def test_png_on_request_and_a_later_run_keeps_each_pages_format(tmp_path: Path) 
     assert row.annotated_key == f"annotated/{row.id}.png"
     # Back to the default: the page done before is copied out as the PNG it is, the new one is a JPEG.
     run(ImageFormat.JPEG, tmp_path / "b", [first, second])
-    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["first.annotated.png", "first.json",
-                                                                    "second.annotated.jpg", "second.json"]
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [
+        "first.annotated.png", "first.json", "first.md", "first.pdf",
+        "second.annotated.jpg", "second.json", "second.md", "second.pdf"]
 
 
 def _all_jobs(rt: Runtime) -> list:

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
-import psycopg2
 import pytest
 from sqlalchemy import select
 
@@ -14,25 +11,6 @@ from paperlane.schemas import JobStatus, Line, PageResult, Task
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
 from paperlane.storage.tables import ResultRow
-from tests.services import Service
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'jobs.db'}"
-    else:
-        pg: Service = request.getfixturevalue("postgres_service")
-        name = f"j_{uuid.uuid4().hex[:12]}"
-        admin = psycopg2.connect(pg.url.replace("postgresql+psycopg2", "postgresql"))
-        admin.autocommit = True
-        admin.cursor().execute(f"CREATE DATABASE {name}")
-        admin.close()
-        url = pg.url.rsplit("/", 1)[0] + f"/{name}"
-    database = Database(url)
-    database.upgrade()
-    yield database
-    database.dispose()
 
 
 def new_job(db: Database) -> str:

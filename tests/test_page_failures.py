@@ -22,8 +22,8 @@ from PIL import Image
 
 from paperlane.errors import INTERNAL_REASON
 from paperlane.models.engine import Capacity, EngineOutput, EngineRequest, Outcome
-from paperlane.producer.inputs import PageInput
-from paperlane.producer.submit import submit_pages
+from paperlane.producer.inputs import Document
+from paperlane.producer.submit import submit_documents
 from paperlane.schemas import EngineInfo, JobStatus, Line, TaskSpec
 from paperlane.settings import Settings, WorkerSettings
 from paperlane.storage import jobs as jobstore
@@ -108,9 +108,10 @@ def runtime(tmp_path: Path) -> Iterator[Callable[[StubEngine], Runtime]]:
 
 
 def submit(rt: Runtime, *pages: tuple[str, bytes]) -> list[JobRow]:
-    inputs = (PageInput(source=name, name=Path(name).stem, page=1, data=data, ext=Path(name).suffix)
+    inputs = (Document(source=name, name=Path(name).stem, ext=Path(name).suffix, data=data, page_count=1)
               for name, data in pages)
-    return [s.job for s in submit_pages(inputs, db=rt.db, store=rt.store, spec=TaskSpec())]
+    return [jobstore.get_job(rt.db, s.job_id) for s in submit_documents(inputs, db=rt.db, store=rt.store,
+                                                                        spec=TaskSpec())]
 
 
 def attempt_until_settled(rt: Runtime, job: JobRow) -> tuple[PageOutcome, Decision]:
@@ -173,7 +174,7 @@ def test_a_run_with_misbehaving_pages_reports_each_and_finishes(runtime: Callabl
     memory, garbage, good = page(2), page(3), page(4)
     # Faults of single pages (a batch that raises fails all its pages, whichever they are).
     rt = runtime(StubEngine({height(memory): MemoryError(), height(garbage): "not an outcome"}))
-    inputs = [PageInput(source=name, name=name, page=1, data=data, ext=ext) for name, data, ext in (
+    inputs = [Document(source=name, name=name, ext=ext, data=data, page_count=1) for name, data, ext in (
         ("wide", very_wide_tiff(), ".tif"), ("memory", memory, ".png"), ("garbage", garbage, ".png"),
         ("good", good, ".png"), ("good-too", page(5), ".png"))]
     out = tmp_path / "out"

@@ -12,7 +12,7 @@ import pytest
 from paperlane.errors import EngineOutputError, EngineUnavailable
 from paperlane.models.engine import Capacity, EngineOutput, EngineRequest, InputSpec, Outcome
 from paperlane.priority.lanes import Lane
-from paperlane.producer.inputs import PageInput
+from paperlane.producer.inputs import Document
 from paperlane.schemas import EngineInfo, JobStatus, Line, TaskSpec
 from paperlane.settings import load_settings
 from paperlane.storage import jobs as jobstore
@@ -70,8 +70,8 @@ def runtime_factory(tmp_path: Path) -> Iterator:
         rt.close()
 
 
-def pages(n: int) -> list[PageInput]:
-    return [PageInput(source=f"p{i}.png", name=f"p{i}", page=1, data=render_page(sample_lines(i, 2)), ext=".png")
+def pages(n: int) -> list[Document]:
+    return [Document(source=f"p{i}.png", name=f"p{i}", ext=".png", data=render_page(sample_lines(i, 2)), page_count=1)
             for i in range(n)]
 
 

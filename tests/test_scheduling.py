@@ -18,8 +18,8 @@ from sqlalchemy import func, select
 
 from paperlane.priority.broker import make_celery
 from paperlane.priority.lanes import DELAYED_KEY, Lane
-from paperlane.producer.inputs import PageInput
-from paperlane.producer.submit import CeleryPublisher, submit_pages
+from paperlane.producer.inputs import Document
+from paperlane.producer.submit import CeleryPublisher, submit_documents
 from paperlane.schemas import TaskSpec
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
@@ -43,10 +43,10 @@ class Producer:
         self.publisher = CeleryPublisher(make_celery(stack.settings))
 
     def submit(self, numbers: range | list[int], lane: Lane, *, level: int = 0) -> list[str]:
-        pages = (PageInput(source=f"{lane.value}-{i}.png", name=f"{lane.value}-{i}", page=1, data=tiny_page(i),
-                           ext=".png") for i in numbers)
-        return [s.job.id for s in submit_pages(pages, db=self.db, store=self.store, spec=TaskSpec(), lane=lane,
-                                               level=level, publisher=self.publisher, publish_every=50)]
+        docs = (Document(source=f"{lane.value}-{i}.png", name=f"{lane.value}-{i}", ext=".png", data=tiny_page(i),
+                         page_count=1) for i in numbers)
+        return [s.job_id for s in submit_documents(docs, db=self.db, store=self.store, spec=TaskSpec(), lane=lane,
+                                                   level=level, publisher=self.publisher)]
 
     def rows(self, ids: list[str]) -> dict[str, JobRow]:
         return {r.id: r for r in jobstore.get_jobs(self.db, ids)}

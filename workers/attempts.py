@@ -32,6 +32,7 @@ class Decision:
     action: Action
     delay: float = 0.0
     reason: str | None = None
+    finished_documents: tuple[str, ...] = ()  # documents whose last page this was: their outputs are due
 
 
 def settle(db: Database, outcome: PageOutcome, cfg: WorkerSettings) -> Decision:
@@ -39,7 +40,7 @@ def settle(db: Database, outcome: PageOutcome, cfg: WorkerSettings) -> Decision:
     job = outcome.job
     if outcome.error is None:
         log.info("job %s succeeded attempt=%d %s", job.id, job.attempts, _fmt(outcome.timings))
-        return Decision(Action.DONE)
+        return Decision(Action.DONE, finished_documents=tuple(outcome.finished_documents))
     exc = outcome.error
     reason = public_reason(exc)
     stage = getattr(exc, "stage", None)
@@ -50,9 +51,9 @@ def settle(db: Database, outcome: PageOutcome, cfg: WorkerSettings) -> Decision:
         jobstore.record_retry(db, job.id, reason, stage)
         log.warning("job %s attempt %d failed (%s); retry in %.1fs", job.id, job.attempts, reason, delay)
         return Decision(Action.RETRY, delay, reason)
-    jobstore.finish_failed(db, job.id, reason, stage, outcome.timings)
+    finished = jobstore.finish_failed(db, job.id, reason, stage, outcome.timings)
     log.warning("job %s failed at %s: %s", job.id, stage or "?", reason)
-    return Decision(Action.FAILED, reason=reason)
+    return Decision(Action.FAILED, reason=reason, finished_documents=tuple(finished))
 
 
 def _fmt(timings: dict[str, float]) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import json
 import logging
 import queue
 import time
@@ -26,18 +25,18 @@ from paperlane.errors import PaperlaneError
 from paperlane.priority.lanes import Lane
 from paperlane.priority.policy import LanePolicy
 from paperlane.priority.scheduler import InMemoryLanes, LaneScheduler
-from paperlane.producer.inputs import PageInput
-from paperlane.producer.submit import Submitted, submit_pages
-from paperlane.schemas import JobStatus, PageResult, Task, TaskSpec
+from paperlane.producer.inputs import Document, Skipped
+from paperlane.producer.submit import SubmittedPage, Submitter
+from paperlane.schemas import JobStatus, PageResult, TaskSpec
 from paperlane.storage import jobs as jobstore
-from paperlane.storage.tables import JobRow
 from paperlane.workers.attempts import Action, Decision, settle
+from paperlane.workers.documents import page_result, write_outputs
 from paperlane.workers.pipeline import PageOutcome, Runtime, process_page, result_json
 from paperlane.workers.render import format_of
 
 log = logging.getLogger(__name__)
 
-Emit = Callable[[str, PageResult, "bytes | None"], None]
+Emit = Callable[[SubmittedPage, PageResult, "bytes | None"], None]
 
 
 @dataclass
@@ -46,64 +45,119 @@ class RunSummary:
 
     pages: int = 0
     failed: int = 0
+    documents: int = 0
+    skipped: int = 0  # files in folders and archives that hold no pages (unsupported types, links)
     timings: list[dict[str, float]] = field(default_factory=list)  # per page, seconds per stage
     seconds: float = 0.0
 
 
-def run_embedded(rt: Runtime, pages: Iterable[PageInput], *, out_dir: Path, spec: TaskSpec,
-                 lane: Lane = Lane.BATCH, force: bool = False,
-                 on_page: Callable[[str, PageResult], None] | None = None) -> RunSummary:
-    """Process ``pages`` and write ``out_dir/<name>.json`` (+ the annotated image on success) for each."""
+def run_embedded(rt: Runtime, items: Iterable[Document | Skipped], *, out_dir: Path, spec: TaskSpec,
+                 lane: Lane = Lane.BATCH, force: bool = False, name: str = "run", sources: list[str] | None = None,
+                 on_page: Callable[[str, PageResult], None] | None = None,
+                 on_skipped: Callable[[Skipped], None] | None = None) -> RunSummary:
+    """Process every document of ``items`` and write, into ``out_dir``, each page's ``<stem>.json`` (and
+    its annotated image on success) and each document's ``<stem>.md``, ``<stem>.pdf`` and, for
+    several pages, the document's ``<stem>.json``."""
     t0 = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = RunSummary()
+    writer = _OutputWriter(rt, out_dir, summary, on_page)
+    submitter = Submitter(db=rt.db, store=rt.store, spec=spec, lane=lane, force=force, limits=rt.settings.ingest,
+                          resume=False)
 
-    def emit(name: str, result: PageResult, image: bytes | None) -> None:
-        (out_dir / f"{name}.json").write_bytes(result_json(result))
-        if image is not None:
-            # A page done by an earlier run may have been stored in another format: its bytes say which.
-            # "<name>.annotated.jpg", never "<name>.jpg": run with --out on the input folder must not
-            # overwrite the scans themselves.
-            fmt = format_of(image) or rt.settings.worker.annotated_format
-            (out_dir / f"{name}.annotated.{fmt.suffix}").write_bytes(image)
-        summary.pages += 1
-        summary.failed += result.status is JobStatus.FAILED
-        summary.timings.append(result.timings)
-        if on_page:
-            on_page(name, result)
+    def pages() -> Iterator[SubmittedPage]:
+        for item in submitter.submit(items, name=name, sources=sources or []):
+            if isinstance(item, Skipped):
+                summary.skipped += 1
+                if on_skipped:
+                    on_skipped(item)
+            else:
+                yield item
 
-    subs = submit_pages(pages, db=rt.db, store=rt.store, spec=spec, lane=lane, force=force)
-    _Scheduler(rt, _named(subs), emit).run()
+    _Scheduler(rt, pages(), writer.emit).run()
     summary.seconds = time.perf_counter() - t0
     return summary
 
 
-def _named(subs: Iterable[Submitted]) -> Iterator[tuple[str, Submitted]]:
-    """Output stems unique within one run: a repeated stem gets -2, -3, ..."""
-    seen: dict[str, int] = {}
-    for sub in subs:
-        n = seen[sub.page.name] = seen.get(sub.page.name, 0) + 1
-        yield (sub.page.name if n == 1 else f"{sub.page.name}-{n}"), sub
+class _OutputWriter:
+    """Writes each page's files as it finishes, and a document's files once its last page has."""
+
+    def __init__(self, rt: Runtime, out_dir: Path, summary: RunSummary,
+                 on_page: Callable[[str, PageResult], None] | None) -> None:
+        self.rt, self.out_dir, self.summary, self.on_page = rt, out_dir, summary, on_page
+        self.used: set[str] = set()  # output stems taken in this run
+        self.stems: dict[str, str] = {}  # document id -> its stem
+        self.left: dict[str, int] = {}  # document id -> pages not written yet
+
+    def emit(self, page: SubmittedPage, result: PageResult, image: bytes | None) -> None:
+        stem = self._stem(page)
+        name = stem if page.page_count == 1 else f"{stem}-p{page.page_no}"
+        result = result.model_copy(update={"source": page.source, "page": page.page_no})
+        (self.out_dir / f"{name}.json").write_bytes(result_json(result))
+        if image is not None:
+            # A page done by an earlier run may have been stored in another format: its bytes say which.
+            # "<name>.annotated.jpg", never "<name>.jpg": run with --out on the input folder must not
+            # overwrite the scans themselves.
+            fmt = format_of(image) or self.rt.settings.worker.annotated_format
+            (self.out_dir / f"{name}.annotated.{fmt.suffix}").write_bytes(image)
+        self.summary.pages += 1
+        self.summary.failed += result.status is JobStatus.FAILED
+        self.summary.timings.append(result.timings)
+        if self.on_page:
+            self.on_page(name, result)
+        self.left[page.document_id] -= 1
+        if self.left[page.document_id] == 0:
+            self._document(page, stem)
+
+    def _stem(self, page: SubmittedPage) -> str:
+        """The document's output stem, unique in this run: a taken stem (or page name) gets -2, -3, ..."""
+        if page.document_id in self.stems:
+            return self.stems[page.document_id]
+        names = lambda s: {s} if page.page_count == 1 else {s, *(f"{s}-p{i}" for i in range(1, page.page_count + 1))}  # noqa: E731
+        stem, n = page.name, 1
+        while names(stem) & self.used:
+            n += 1
+            stem = f"{page.name}-{n}"
+        self.used |= names(stem)
+        self.stems[page.document_id] = stem
+        self.left[page.document_id] = page.page_count
+        return stem
+
+    def _document(self, page: SubmittedPage, stem: str) -> None:
+        self.summary.documents += 1
+        try:
+            outputs = write_outputs(self.rt.db, self.rt.store, page.document_id,
+                                    max_pixels=self.rt.settings.worker.max_image_pixels)
+        except PaperlaneError as exc:
+            log.warning("document %s: outputs not written (%s)", page.source, exc)
+            return
+        if page.page_count > 1:
+            (self.out_dir / f"{stem}.json").write_bytes(outputs.json)
+        (self.out_dir / f"{stem}.md").write_bytes(outputs.markdown)
+        if outputs.pdf is not None:
+            (self.out_dir / f"{stem}.pdf").write_bytes(outputs.pdf)
 
 
 class _Scheduler:
     """Keeps every page slot busy; the one ``LaneScheduler`` decides which lane starts next.
 
     A page whose attempt should be retried waits out its backoff here, off its slot, and then goes
-    back to its lane: the same rule as on a worker, where it waits in Redis's delayed set.
+    back to its lane: the same rule as on a worker, where it waits in Redis's delayed set. Pages that
+    share a job (the same page in several documents) wait for its one attempt.
     """
 
-    def __init__(self, rt: Runtime, subs: Iterator[tuple[str, Submitted]], emit: Emit) -> None:
+    def __init__(self, rt: Runtime, pages: Iterator[SubmittedPage], emit: Emit) -> None:
         self.rt = rt
-        self.subs = subs
+        self.pages = pages
         self.emit = emit
         self.slots = rt.slots
-        self.waiting: InMemoryLanes[tuple[str, JobRow]] = InMemoryLanes()
+        self.waiting: InMemoryLanes[SubmittedPage] = InMemoryLanes()
         # No interactive page arrives from outside a run: batch pages may use every slot.
         self.lanes = LaneScheduler(LanePolicy(batch_share=rt.settings.worker.batch_share), self.waiting)
-        self.delayed: list[tuple[float, int, str, JobRow]] = []  # (due, seq, name, job): retries due later
+        self.delayed: list[tuple[float, int, SubmittedPage]] = []  # (due, seq, page): retries due later
+        self.sharing: dict[str, list[SubmittedPage]] = {}  # job id -> pages waiting for its attempt
         self._seq = itertools.count()
-        self.done: queue.Queue[tuple[str, JobRow, Future[_Attempt | None]]] = queue.Queue()
+        self.done: queue.Queue[tuple[SubmittedPage, Future[_Attempt | None]]] = queue.Queue()
         self.exhausted = False
 
     def run(self) -> None:
@@ -114,62 +168,69 @@ class _Scheduler:
                 self._release_due()
                 self.lanes.refresh()
                 while in_flight < self.slots and (picked := self.waiting.take()) is not None:
-                    lane, (name, job) = picked
+                    lane, page = picked
                     self.lanes.started(lane)
-                    fut = slots.submit(self._attempt, job)
-                    fut.add_done_callback(partial(self._done, name, job))
+                    fut = slots.submit(self._attempt, page.job_id)
+                    fut.add_done_callback(partial(self._done, page))
                     in_flight += 1
                 if in_flight == 0 and self.exhausted and not len(self.waiting) and not self.delayed:
                     return
                 try:
-                    name, job, fut = self.done.get(timeout=self._until_due())
+                    page, fut = self.done.get(timeout=self._until_due())
                 except queue.Empty:
                     continue  # a delayed page is due
                 in_flight -= 1
-                self.lanes.finished(Lane(job.lane))
-                self._settled(name, job, fut.result())
+                self.lanes.finished(page.lane)
+                self._settled(page, fut.result())
 
-    def _done(self, name: str, job: JobRow, fut: Future[_Attempt | None]) -> None:
-        self.done.put((name, job, fut))
+    def _done(self, page: SubmittedPage, fut: Future[_Attempt | None]) -> None:
+        self.done.put((page, fut))
 
     def _refill(self) -> None:
         while not self.exhausted and len(self.waiting) < 2 * self.slots:
             try:
-                name, sub = next(self.subs)
+                page = next(self.pages)
             except StopIteration:
                 self.exhausted = True
                 return
-            if sub.action == "failed" or (sub.action == "exists" and sub.job.status == JobStatus.SUCCEEDED.value):
-                self.emit(name, *_stored(self.rt, sub.job))
+            if page.action == "failed" or (page.action == "exists" and page.status is JobStatus.SUCCEEDED):
+                self.emit(page, *_stored(self.rt, page))
+            elif page.job_id in self.sharing:  # its job is on its way for another page
+                self.sharing[page.job_id].append(page)
             else:  # new, requeued, or left queued/running by an earlier run that stopped
-                self.waiting.add(Lane(sub.job.lane), (name, sub.job))
+                self.sharing[page.job_id] = []
+                self.waiting.add(page.lane, page)
 
     def _release_due(self) -> None:
         now = time.monotonic()
         while self.delayed and self.delayed[0][0] <= now:
-            _, _, name, job = heapq.heappop(self.delayed)
-            self.waiting.add(Lane(job.lane), (name, job))
+            _, _, page = heapq.heappop(self.delayed)
+            self.waiting.add(page.lane, page)
 
     def _until_due(self) -> float | None:
         return max(0.0, self.delayed[0][0] - time.monotonic()) if self.delayed else None
 
-    def _attempt(self, job: JobRow) -> _Attempt | None:
-        """One attempt at one page under the retry rules; None when it needs none (finished elsewhere)."""
+    def _attempt(self, job_id: str) -> _Attempt | None:
+        """One attempt at one job under the retry rules; None when it needs none (finished elsewhere)."""
         # No crash-loop limit here: a page that kills this process stops the run where the user sees it,
         # and an interrupted run (Ctrl-C) must not count against the pages it was working on.
-        started = jobstore.start_attempt(self.rt.db, job.id, max_attempts=None)
+        started = jobstore.start_attempt(self.rt.db, job_id, max_attempts=None)
         if started is None:
             return None
         outcome = process_page(self.rt, started)
         return _Attempt(outcome, settle(self.rt.db, outcome, self.rt.settings.worker))
 
-    def _settled(self, name: str, job: JobRow, attempt: _Attempt | None) -> None:
+    def _settled(self, page: SubmittedPage, attempt: _Attempt | None) -> None:
+        if attempt is not None and attempt.decision.action is Action.RETRY:
+            heapq.heappush(self.delayed, (time.monotonic() + attempt.decision.delay, next(self._seq), page))
+            return
         if attempt is None:  # finished without an attempt here: report what the row says
-            self.emit(name, *_stored(self.rt, jobstore.get_job(self.rt.db, job.id)))
-        elif attempt.decision.action is Action.RETRY:
-            heapq.heappush(self.delayed, (time.monotonic() + attempt.decision.delay, next(self._seq), name, job))
+            result, image = _stored(self.rt, page)
         else:
-            self.emit(name, attempt.outcome.result, attempt.outcome.annotated)
+            result, image = attempt.outcome.result, attempt.outcome.annotated
+        self.emit(page, result, image)
+        for other in self.sharing.pop(page.job_id, []):
+            self.emit(other, result, image)
 
 
 @dataclass
@@ -178,14 +239,13 @@ class _Attempt:
     decision: Decision
 
 
-def _stored(rt: Runtime, job: JobRow) -> tuple[PageResult, bytes | None]:
+def _stored(rt: Runtime, page: SubmittedPage) -> tuple[PageResult, bytes | None]:
     """The result of a page that needs no work now: done earlier, or refused at submission."""
-    if job.status == JobStatus.SUCCEEDED.value and job.result_key:
+    job = jobstore.get_job(rt.db, page.job_id)
+    image = None
+    if job.status == JobStatus.SUCCEEDED.value and job.annotated_key:
         try:
-            result = PageResult.model_validate(json.loads(rt.store.get(job.result_key)))
-            image = rt.store.get(job.annotated_key) if job.annotated_key else None
-            return result, image
+            image = rt.store.get(job.annotated_key)
         except PaperlaneError as exc:
-            log.warning("stored result of job %s unreadable (%s)", job.id, exc)
-    return PageResult(job_id=job.id, source=job.source, page=job.page, status=JobStatus.FAILED,
-                      error=job.error or "stored result missing", task=Task(job.task)), None
+            log.warning("stored annotated image of job %s unreadable (%s)", job.id, exc)
+    return page_result(rt.store, job, source=page.source, page_no=page.page_no), image

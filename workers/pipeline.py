@@ -94,6 +94,7 @@ class PageOutcome:
     error: Exception | None = None
     timings: dict[str, float] = field(default_factory=dict)
     annotated: bytes | None = None  # the annotated image as stored (worker.annotated_format), on success
+    finished_documents: list[str] = field(default_factory=list)  # documents whose last page this was
 
     @property
     def ok(self) -> bool:
@@ -184,9 +185,9 @@ def _finish(rt: Runtime, job: JobRow, spec: TaskSpec, page: PreparedPage, output
     json_key = result_key(job.id)
     rt.store.put(json_key, result_json(result), content_type="application/json")
     timings[Stage.STORE.value] = time.perf_counter() - t1
-    jobstore.finish_succeeded(rt.db, job, result, engine=_engine_name(rt), result_key=json_key,
-                              annotated_key=image_key, timings=timings)
-    return PageOutcome(job=job, result=result, timings=timings, annotated=image)
+    finished = jobstore.finish_succeeded(rt.db, job, result, engine=_engine_name(rt), result_key=json_key,
+                                         annotated_key=image_key, timings=timings)
+    return PageOutcome(job=job, result=result, timings=timings, annotated=image, finished_documents=finished)
 
 
 def _classified(job: JobRow, exc: Exception, stage: str) -> PaperlaneError:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from celery import Celery, Task
 from celery.exceptions import Reject
 
-from paperlane.errors import JobNotFound, StorageUnavailable
+from paperlane.errors import JobNotFound, StorageUnavailable, public_reason
 from paperlane.priority.broker import send_page
 from paperlane.priority.delayed import DelayedPage, DelayedPages
 from paperlane.priority.lanes import TASK_PROCESS_PAGE, Lane
@@ -24,6 +24,7 @@ from paperlane.priority.policy import LanePolicy
 from paperlane.priority.scheduler import LaneScheduler
 from paperlane.storage import jobs as jobstore
 from paperlane.workers.attempts import Action, settle
+from paperlane.workers.documents import write_outputs
 from paperlane.workers.lane_gate import ConsumerLanes, install_lane_gate
 from paperlane.workers.pipeline import Runtime, process_page
 from paperlane.workers.retry_clock import RetryClock
@@ -106,7 +107,17 @@ def _attempt(rt: Runtime, parts: WorkerParts, job_id: str) -> str:
     decision = settle(rt.db, process_page(rt, job), rt.settings.worker)
     if decision.action is Action.RETRY:
         _delay(parts, DelayedPage(job.id, Lane(job.lane), job.priority), decision.delay)
+    for document_id in decision.finished_documents:
+        _document_outputs(rt, document_id)
     return decision.action.value
+
+
+def _document_outputs(rt: Runtime, document_id: str) -> None:
+    """The document's last page is final: its outputs are written now (a failure is logged; the page stays done)."""
+    try:
+        write_outputs(rt.db, rt.store, document_id, max_pixels=rt.settings.worker.max_image_pixels)
+    except Exception as exc:
+        log.error("document %s: outputs not written (%s)", document_id, public_reason(exc), exc_info=exc)
 
 
 def _delay(parts: WorkerParts, page: DelayedPage, delay: float) -> None:
