@@ -79,3 +79,41 @@ def test_usage_errors_exit_2(embedded: Stack, tmp_path: Path) -> None:
     assert cli(embedded, "run", str(tmp_path / "missing.png"), "--out", str(tmp_path)).returncode == 2
     assert cli(embedded, "run", "--no-such-option").returncode == 2
     assert cli(embedded, "run", str(tmp_path), "--out", str(tmp_path), "--task", "fields").returncode == 2
+
+
+def test_run_writes_document_outputs_and_shares_a_repeated_page(embedded: Stack, tmp_path: Path) -> None:
+    import io
+
+    import pypdfium2 as pdfium
+    from PIL import Image
+    from sqlalchemy import func, select
+
+    from paperlane.storage.db import Database
+    from paperlane.storage.tables import JobRow, PageRow
+
+    scans = tmp_path / "scans"
+    (scans / "sub").mkdir(parents=True)
+    pages = [Image.open(io.BytesIO(render_page(sample_lines(i, 3)))).convert("RGB") for i in (21, 22)]
+    pages[0].save(scans / "book.pdf", save_all=True, append_images=pages[1:], resolution=150)
+    cover = render_page(sample_lines(23, 2))
+    (scans / "cover.png").write_bytes(cover)
+    (scans / "sub" / "cover.png").write_bytes(cover)  # the same page in a second document, same stem
+    out = tmp_path / "out"
+    proc = cli(embedded, "run", str(scans), "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    names = sorted(p.name for p in out.iterdir())
+    assert {"book.json", "book.md", "book.pdf", "book-p1.json", "book-p2.json", "cover.json", "cover.pdf",
+            "cover-2.json", "cover-2.md"} <= set(names), names
+    book = json.loads((out / "book.json").read_text())
+    assert [p["page"] for p in book["pages"]] == [1, 2] and book["counts"]["succeeded"] == 2
+    page_text = [json.loads((out / f"book-p{i}.json").read_text())["text"] for i in (1, 2)]
+    pdf = pdfium.PdfDocument(out / "book.pdf")
+    assert len(pdf) == 2
+    for i, text in enumerate(page_text):
+        layer = pdf[i].get_textpage().get_text_range()
+        assert text.split()[0] in layer and text.split()[-1] in layer
+    assert page_text[0].split("\n")[0] in (out / "book.md").read_text()
+    db = Database(embedded.settings.database_url)
+    with db.session() as s:  # four pages, three jobs: the repeated cover was one inference
+        assert (s.scalar(select(func.count()).select_from(PageRow)),
+                s.scalar(select(func.count()).select_from(JobRow))) == (4, 3)
