@@ -118,6 +118,7 @@ class Submitter:
                  limits: IngestSettings | None = None, resume: bool = True, chunk_pages: int = CHUNK_PAGES) -> None:
         self.db, self.store, self.spec, self.lane, self.force = db, store, spec, lane, force
         self.priority = message_priority(lane, level)
+        self.task_options = spec.model_dump(mode="json", exclude={"task"})
         self.publisher = publisher
         self.limits = limits or IngestSettings()
         self.resume = resume
@@ -132,10 +133,9 @@ class Submitter:
                sources: list[str]) -> Iterator[SubmittedPage | Skipped]:
         """Register every document of ``items`` into the ingest ``name``; yields each page (and each
         skipped file) as its chunk is registered. The ingest is closed when ``items`` ends."""
-        task_options = self.spec.model_dump(mode="json", exclude={"task"})
         key = ingests.ingest_key(name=name, sources=sources, lane=self.lane.value, task_key=self.spec.cache_key())
         ingest, resumed = ingests.open_ingest(self.db, key=key, name=name, lane=self.lane.value,
-                                              task=self.spec.task.value, task_options=task_options)
+                                              task=self.spec.task.value, task_options=self.task_options)
         self.summary.ingest_id, self.summary.resumed = ingest.id, resumed
         known = ingests.registered_sources(self.db, ingest.id) if resumed and self.resume else set()
         if known:
@@ -252,7 +252,7 @@ class Submitter:
         now = utcnow()
         return dict(id=job_id_for(key), job_key=key, content_sha256=doc.data_sha or key, source=doc.row.source,
                     page=page_no, lane=self.lane.value, priority=self.priority, task=self.spec.task.value,
-                    task_options=self.spec.model_dump(mode="json", exclude={"task"}), status=status, attempts=0,
+                    task_options=self.task_options, status=status, attempts=0,
                     error=error, error_stage=stage, original_key=doc.row.original_key, upload_s=upload_s,
                     created_at=now, updated_at=now, finished_at=now if error else None)
 

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
 from alembic import command
 from alembic.config import Config
@@ -18,9 +19,11 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from paperlane.errors import StorageUnavailable
+from paperlane.errors import JobNotFound, StorageUnavailable
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _MIGRATIONS = Path(__file__).with_name("migrations")
 
@@ -83,6 +86,14 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def get_row(session: Session, table: type[T], row_id: str, what: str) -> T:
+    """The row of ``table`` with this primary key. Raises JobNotFound ("no <what> with id ...")."""
+    row = session.get(table, row_id)
+    if row is None:
+        raise JobNotFound(f"no {what} with id {row_id}")
+    return row
 
 
 def _short(exc: BaseException) -> str:

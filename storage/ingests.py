@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from paperlane.errors import JobNotFound
 from paperlane.schemas import JobStatus
-from paperlane.storage.db import Database, as_utc, utcnow
+from paperlane.storage.db import Database, as_utc, get_row, utcnow
 from paperlane.storage.tables import DocumentRow, IngestFailureRow, IngestRow, JobRow, PageRow
 
 _NAMESPACE = uuid.UUID("6a0b3c8e-3f0e-4f43-9d55-70617065726c")
@@ -244,9 +244,7 @@ def ingest_progress(db: Database, ingest_id: str) -> tuple[IngestRow, Progress, 
 
     Raises JobNotFound."""
     with db.session() as s:
-        row = s.get(IngestRow, ingest_id)
-        if row is None:
-            raise JobNotFound(f"no ingest with id {ingest_id}")
+        row = get_row(s, IngestRow, ingest_id, "ingest")
         running, unpublished = _live(s, _PAGES.c.ingest_id == ingest_id)
         f = _FAILURES.c
         failures = [(r, int(n)) for r, n in s.execute(
@@ -259,9 +257,7 @@ def ingest_progress(db: Database, ingest_id: str) -> tuple[IngestRow, Progress, 
 def document_progress(db: Database, document_id: str) -> tuple[DocumentRow, Progress, list[tuple[str, int]]]:
     """The document, its progress, and its failures grouped by reason. Raises JobNotFound."""
     with db.session() as s:
-        row = s.get(DocumentRow, document_id)
-        if row is None:
-            raise JobNotFound(f"no document with id {document_id}")
+        row = get_row(s, DocumentRow, document_id, "document")
         running, unpublished = _live(s, _PAGES.c.document_id == document_id)
         failures = _failures(s, _PAGES.c.document_id == document_id)
     return row, Progress(row.pages_total, row.pages_succeeded, row.pages_failed, running, unpublished), failures
@@ -322,22 +318,13 @@ def document_pages(db: Database, document_id: str) -> list[tuple[PageRow, JobRow
 
 def get_document(db: Database, document_id: str) -> DocumentRow:
     with db.session() as s:
-        row = s.get(DocumentRow, document_id)
-    if row is None:
-        raise JobNotFound(f"no document with id {document_id}")
-    return row
+        return get_row(s, DocumentRow, document_id, "document")
 
 
 def set_outputs(db: Database, document_id: str, *, json_key: str, markdown_key: str, pdf_key: str | None) -> None:
     with db.session() as s:
         s.execute(update(_DOCUMENTS).where(_DOCUMENTS.c.id == document_id)
                   .values(json_key=json_key, markdown_key=markdown_key, pdf_key=pdf_key))
-
-
-def ingest_documents(db: Database, ingest_id: str, *, after_seq: int = -1, limit: int = 1000) -> list[DocumentRow]:
-    with db.session() as s:
-        return list(s.scalars(select(DocumentRow).where(DocumentRow.ingest_id == ingest_id, DocumentRow.seq > after_seq)
-                              .order_by(DocumentRow.seq).limit(limit)))
 
 
 def next_seq(db: Database, ingest_id: str) -> int:
@@ -361,10 +348,3 @@ def registered_sources(db: Database, ingest_id: str) -> set[str]:
     """Sources of the documents an interrupted ingest registered before it stopped."""
     with db.session() as s:
         return set(s.scalars(select(DocumentRow.source).where(DocumentRow.ingest_id == ingest_id)))
-
-
-def add_to_ingest(db: Database, ingest_id: str, **counts: int) -> None:
-    with db.session() as s:
-        s.execute(update(_INGESTS).where(_INGESTS.c.id == ingest_id)
-                  .values(**{k: getattr(_INGESTS.c, k) + v for k, v in counts.items()}))
-

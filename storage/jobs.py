@@ -17,7 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from paperlane.errors import JobNotFound
 from paperlane.schemas import JobStatus, PageResult, Stage
 from paperlane.storage import ingests
-from paperlane.storage.db import Database, utcnow
+from paperlane.storage.db import Database, get_row, utcnow
 from paperlane.storage.tables import JobRow, ResultRow
 
 STAGE_COLUMNS: dict[Stage, str] = {stage: f"{stage.value}_s" for stage in Stage}
@@ -84,10 +84,7 @@ def mark_enqueued(db: Database, job_ids: Sequence[str]) -> None:
 
 def get_job(db: Database, job_id: str) -> JobRow:
     with db.session() as s:
-        row = s.get(JobRow, job_id)
-    if row is None:
-        raise JobNotFound(f"no job with id {job_id}")
-    return row
+        return get_row(s, JobRow, job_id, "job")
 
 
 def get_jobs(db: Database, job_ids: Iterable[str]) -> list[JobRow]:
