@@ -136,6 +136,29 @@ class IngestSettings(BaseModel):
     upload_threads: int = Field(16, ge=1, description="originals uploaded in parallel by submit")
 
 
+class ApiSettings(BaseModel):
+    """``paperlane api``: the HTTP API and its web page."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    max_upload_bytes: int = Field(100 * 1024 * 1024, ge=1, description="one upload; 413 while reading past it")
+    rate_per_minute: int = Field(600, ge=1, description="requests per API key per minute (429 past it)")
+    max_pages_in_flight: int = Field(2000, ge=1, description="pages per API key not yet final (429 past it)")
+    max_wait: float = Field(60.0, ge=0, description="longest ?wait= a status request may hold")
+    url_expiry: int = Field(300, ge=1, description="seconds a presigned image URL stays valid")
+    webhook_attempts: int = Field(6, ge=1, description="deliveries of one webhook before it is given up")
+    webhook_backoff: float = Field(2.0, ge=0, description="seconds before the first webhook retry; doubles")
+    webhook_timeout: float = Field(10.0, gt=0, description="seconds one webhook delivery may take")
+
+
+class MetricsSettings(BaseModel):
+    """Prometheus metrics: the API serves them at /metrics; each worker process on its own port."""
+
+    port: int | None = Field(None, ge=0, le=65535, description="worker /metrics port (docker compose: 9100); "
+                             "0 picks a free one; unset: none")
+    nvml: bool = Field(True, description="GPU memory, utilisation and temperature through NVML, when present")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="PAPERLANE_",
@@ -152,6 +175,8 @@ class Settings(BaseSettings):
     engine: EngineSettings = Field(default_factory=EngineSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     ingest: IngestSettings = Field(default_factory=IngestSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
 
     @property
     def database_url(self) -> str:
