@@ -233,6 +233,7 @@ class Submitter:
                 refs.append((doc, page))
         found = ingests.register(self.db, ingest_id, jobs=jobs, documents=[d.row for d in chunk], pages=pages)
         actions = self._settle(found, {p.job_id for d, p in refs if d.row.error is not None})
+        self._publish_finished(found.finished_documents, {d.row.id: p.job_id for d, p in refs})
         self.summary.documents += len(found.new_documents)
         self.summary.pages += len(pages)
         for doc, page in refs:
@@ -279,6 +280,12 @@ class Submitter:
             self.publisher.publish([Work(j, self.lane, self.priority) for j in publish])
             jobstore.mark_enqueued(self.db, publish)
         return actions
+
+    def _publish_finished(self, documents: list[str], job_of: dict[str, str]) -> None:
+        """Documents whose every page was final at registration: a message for one of their jobs, already
+        final, has the worker that takes it write their outputs (``paperlane run`` writes them itself)."""
+        if self.publisher is not None and documents:
+            self.publisher.publish([Work(job_of[d], self.lane, self.priority) for d in documents])
 
     def _publish_unpublished(self, ingest_id: str) -> None:
         """Jobs an interrupted submit registered and never published."""

@@ -327,6 +327,16 @@ def set_outputs(db: Database, document_id: str, *, json_key: str, markdown_key: 
                   .values(json_key=json_key, markdown_key=markdown_key, pdf_key=pdf_key))
 
 
+def documents_without_outputs(db: Database, job_id: str) -> list[str]:
+    """Finished documents with a page on this job whose outputs were never written (the worker that finished
+    their last page died first, or every page was already final when they were registered)."""
+    d = _DOCUMENTS.c
+    with db.session() as s:
+        return list(s.scalars(select(d.id).select_from(_DOCUMENTS.join(_PAGES, _PAGES.c.document_id == d.id))
+                              .where(_PAGES.c.job_id == job_id, d.finished_at.is_not(None), d.json_key.is_(None))
+                              .distinct()))
+
+
 def next_seq(db: Database, ingest_id: str) -> int:
     with db.session() as s:
         last = s.scalar(select(func.max(_DOCUMENTS.c.seq)).where(_DOCUMENTS.c.ingest_id == ingest_id))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import time
 from pathlib import Path
 
 import cv2
@@ -12,7 +14,7 @@ from sqlalchemy import select
 
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
-from paperlane.storage.tables import JobRow
+from paperlane.storage.tables import DocumentRow, JobRow
 from tests.conftest import Stack, cli
 from tests.conftest import wait_terminal as wait_for_jobs
 from tests.metrics import cer
@@ -138,3 +140,61 @@ def test_submit_with_the_broker_down_is_published_by_the_next_submit(stack: Stac
     with db.session() as s:
         ids = list(s.scalars(select(JobRow.id)))
     assert len(ids) == 1 and wait_terminal(stack, ids)[ids[0]].status == "succeeded"
+
+
+def _wait_outputs(db: Database, document_ids: list[str], timeout: float = 120) -> dict[str, DocumentRow]:
+    deadline = time.monotonic() + timeout
+    while True:
+        with db.session() as s:
+            rows = {d.id: d for d in s.scalars(select(DocumentRow).where(DocumentRow.id.in_(document_ids)))}
+        if len(rows) == len(document_ids) and all(d.json_key for d in rows.values()):
+            return rows
+        assert time.monotonic() < deadline, {i: (d.finished_at, d.json_key) for i, d in rows.items()}
+        time.sleep(0.3)
+
+
+def test_documents_get_their_outputs_from_workers_and_an_s3_prefix_ingest(stack: Stack, worker_factory,
+                                                                          tmp_path: Path) -> None:
+    import pypdfium2 as pdfium
+    from PIL import Image
+
+    pages = [Image.open(io.BytesIO(render_page(sample_lines(i, 3)))).convert("RGB") for i in (31, 32)]
+    pdf_bytes = io.BytesIO()
+    pages[0].save(pdf_bytes, format="PDF", save_all=True, append_images=pages[1:], resolution=150)
+    files = {"book.pdf": pdf_bytes.getvalue(), "cover.png": render_page(sample_lines(33, 2))}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    worker_factory(stack)
+    first = cli(stack, "submit", "--json", *(str(tmp_path / n) for n in files))
+    assert first.returncode == 0, first.stderr
+    lines = [json.loads(line) for line in first.stdout.splitlines()]
+    assert len(lines) == 3 and len({line["document_id"] for line in lines}) == 2
+    db = Database(stack.settings.database_url)
+    wait_terminal(stack, [line["job_id"] for line in lines])
+    docs = _wait_outputs(db, sorted({line["document_id"] for line in lines}))
+    book = next(d for d in docs.values() if d.name == "book")
+    s3 = stack.s3()
+    book_json = json.loads(s3.get_object(Bucket=stack.bucket, Key=book.json_key)["Body"].read())
+    assert [p["page"] for p in book_json["pages"]] == [1, 2] and book_json["counts"]["succeeded"] == 2
+    pdf = pdfium.PdfDocument(s3.get_object(Bucket=stack.bucket, Key=book.pdf_key)["Body"].read())
+    first_line = book_json["pages"][0]["text"].split()[0]
+    assert len(pdf) == 2 and first_line in pdf[0].get_textpage().get_text_range()
+    assert first_line in s3.get_object(Bucket=stack.bucket, Key=book.markdown_key)["Body"].read().decode()
+
+    # The same files under an S3 prefix, with one new page: a second ingest whose book and cover are final at
+    # registration (their outputs come from a worker all the same), and whose new page is processed from S3.
+    for name, data in {**files, "new.png": render_page(sample_lines(34, 2))}.items():
+        s3.put_object(Bucket=stack.bucket, Key=f"inbox/2026/{name}", Body=data)
+    second = cli(stack, "submit", "--json", f"s3://{stack.bucket}/inbox/")
+    assert second.returncode == 0, second.stderr
+    lines2 = [json.loads(line) for line in second.stdout.splitlines()]
+    assert sorted(line["source"] for line in lines2) == [f"s3://{stack.bucket}/inbox/2026/{n}"
+                                                         for n in ("book.pdf", "book.pdf", "cover.png", "new.png")]
+    assert {line["job_id"] for line in lines2} - {line["job_id"] for line in lines} == {
+        next(line["job_id"] for line in lines2 if line["source"].endswith("new.png"))}
+    wait_terminal(stack, [line["job_id"] for line in lines2])
+    docs2 = _wait_outputs(db, sorted({line["document_id"] for line in lines2}))
+    assert len(docs2) == 3 and not set(docs2) & set(docs)
+    status = cli(stack, "status", "--json", "--ingest", lines2[0]["ingest_id"])
+    progress = json.loads(status.stdout)
+    assert (progress["pages"], progress["succeeded"], progress["documents"]) == (4, 4, 3), progress

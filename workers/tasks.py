@@ -22,6 +22,7 @@ from paperlane.priority.delayed import DelayedPage, DelayedPages
 from paperlane.priority.lanes import TASK_PROCESS_PAGE, Lane
 from paperlane.priority.policy import LanePolicy
 from paperlane.priority.scheduler import LaneScheduler
+from paperlane.storage import ingests
 from paperlane.storage import jobs as jobstore
 from paperlane.workers.attempts import Action, settle
 from paperlane.workers.documents import write_outputs
@@ -102,7 +103,12 @@ def _attempt(rt: Runtime, parts: WorkerParts, job_id: str) -> str:
         log.error("message for unknown job %s dropped", job_id)
         return "unknown"
     if job is None:
-        log.info("job %s already finished; redelivered message ignored", job_id)
+        # A message for a final job: a redelivery, or a document registered with every page already final.
+        # Either way its finished documents get the outputs they lack (none: nothing to do).
+        missing = ingests.documents_without_outputs(rt.db, job_id)
+        for document_id in missing:
+            _document_outputs(rt, document_id)
+        log.info("job %s already finished; %d document outputs written", job_id, len(missing))
         return "duplicate"
     decision = settle(rt.db, process_page(rt, job), rt.settings.worker)
     if decision.action is Action.RETRY:
