@@ -6,6 +6,8 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -207,7 +209,7 @@ def submit(
                           publisher=CeleryPublisher(make_celery(settings)), limits=settings.ingest)
     sources = [p if p.startswith("s3://") else str(Path(p).resolve()) for p in paths]
     items = expand(paths, settings.ingest, s3=_s3_client(settings) if len(local) < len(paths) else None)
-    with _progress(enabled=err.is_terminal) as bar:
+    with _progress(enabled=err.is_terminal) as bar, _resumable(submitter):
         task_id = bar.add_task("submitting", total=None)
         for item in submitter.submit(items, name=name or ", ".join(paths)[:200], sources=sources):
             if isinstance(item, Skipped):
@@ -227,6 +229,18 @@ def submit(
     resumed = f" (resumed; {s_.skipped_before} documents registered before)" if s_.resumed else ""
     err.print(f"ingest {s_.ingest_id}: {s_.documents} documents, {s_.pages} pages: {actions}; "
               f"{s_.skipped} files skipped{resumed}", highlight=False)
+
+
+@contextmanager
+def _resumable(submitter: Any) -> Iterator[None]:
+    """Ctrl-C stops a submit with a line saying how to go on, not a bare "Aborted."."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        s_ = submitter.summary
+        err.print(f"interrupted: ingest {s_.ingest_id or '(not opened)'} has {s_.documents} documents registered; "
+                  "the same command again resumes it", highlight=False)
+        raise typer.Exit(130) from None
 
 
 def _s3_client(settings: Settings) -> Any:
