@@ -91,8 +91,11 @@ class IngestSummary:
     actions: dict[str, int] = field(default_factory=dict)
 
 
-def job_key(content_sha256: str, page_no: int, spec: TaskSpec) -> str:
-    return hashlib.sha256(f"{content_sha256}:{page_no}:{spec.cache_key()}".encode()).hexdigest()
+def job_key(content_sha256: str, page_no: int, spec: TaskSpec, tenant_id: str | None = None) -> str:
+    """The work item's key: same bytes, page and task = one job. An API tenant's jobs are its own (no tenant
+    learns from a page finishing at once that another one sent the same bytes)."""
+    scope = f"tenant:{tenant_id}:" if tenant_id else ""
+    return hashlib.sha256(f"{scope}{content_sha256}:{page_no}:{spec.cache_key()}".encode()).hexdigest()
 
 
 def job_id_for(key: str) -> str:
@@ -115,8 +118,10 @@ class Submitter:
 
     def __init__(self, *, db: Database, store: ObjectStore, spec: TaskSpec, lane: Lane = Lane.BATCH,
                  level: int = 0, force: bool = False, publisher: Publisher | None = None,
-                 limits: IngestSettings | None = None, resume: bool = True, chunk_pages: int = CHUNK_PAGES) -> None:
+                 limits: IngestSettings | None = None, resume: bool = True, chunk_pages: int = CHUNK_PAGES,
+                 owner: ingests.Owner | None = None) -> None:
         self.db, self.store, self.spec, self.lane, self.force = db, store, spec, lane, force
+        self.owner = owner or ingests.Owner()
         self.priority = message_priority(lane, level)
         self.task_options = spec.model_dump(mode="json", exclude={"task"})
         self.publisher = publisher
@@ -135,7 +140,8 @@ class Submitter:
         skipped file) as its chunk is registered. The ingest is closed when ``items`` ends."""
         key = ingests.ingest_key(name=name, sources=sources, lane=self.lane.value, task_key=self.spec.cache_key())
         ingest, resumed = ingests.open_ingest(self.db, key=key, name=name, lane=self.lane.value,
-                                              task=self.spec.task.value, task_options=self.task_options)
+                                              task=self.spec.task.value, task_options=self.task_options,
+                                              owner=self.owner)
         self.summary.ingest_id, self.summary.resumed = ingest.id, resumed
         known = ingests.registered_sources(self.db, ingest.id) if resumed and self.resume else set()
         if known:
@@ -245,10 +251,11 @@ class Submitter:
 
     def _job_row(self, doc: _Doc, page_no: int, *, upload_s: float) -> dict:
         if doc.row.error is not None:  # refused: a failed job of its own, keyed by what was refused and why
-            key = hashlib.sha256(f"refused:{doc.row.source}:{doc.row.error}".encode()).hexdigest()
+            scope = f"tenant:{self.owner.tenant_id}:" if self.owner.tenant_id else ""
+            key = hashlib.sha256(f"{scope}refused:{doc.row.source}:{doc.row.error}".encode()).hexdigest()
             status, error, stage = JobStatus.FAILED.value, doc.row.error, Stage.UPLOAD.value
         else:
-            key = job_key(doc.data_sha, page_no, self.spec)
+            key = job_key(doc.data_sha, page_no, self.spec, self.owner.tenant_id)
             status, error, stage = JobStatus.QUEUED.value, None, None
         now = utcnow()
         return dict(id=job_id_for(key), job_key=key, content_sha256=doc.data_sha or key, source=doc.row.source,

@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 
 from paperlane.errors import JobNotFound
 from paperlane.schemas import JobStatus
+from paperlane.storage import webhooks
 from paperlane.storage.db import Database, as_utc, get_row, utcnow
 from paperlane.storage.tables import DocumentRow, IngestFailureRow, IngestRow, JobRow, PageRow
 
@@ -47,32 +48,69 @@ def page_id_for(document_id: str, page_no: int) -> str:
     return str(uuid.uuid5(_NAMESPACE, f"page:{document_id}:{page_no}"))
 
 
+@dataclass(frozen=True)
+class Owner:
+    """Whose ingest it is: nobody's (the command line), or an API tenant's, with the key that made it and the
+    URL to call when it finishes."""
+
+    tenant_id: str | None = None
+    api_key_id: str | None = None
+    callback_url: str | None = None
+
+
 def ingest_key(*, name: str, sources: Sequence[str], lane: str, task_key: str) -> str:
     return hashlib.sha256("\0".join([name, lane, task_key, *sources]).encode()).hexdigest()
 
 
-def open_ingest(db: Database, *, key: str, name: str, lane: str, task: str,
-                task_options: dict) -> tuple[IngestRow, bool]:
+def open_ingest(db: Database, *, key: str, name: str, lane: str, task: str, task_options: dict,
+                owner: Owner | None = None) -> tuple[IngestRow, bool]:
     """The unfinished ingest with this key (an interrupted submit of the same thing), or a new one.
 
     Returns (ingest, resumed)."""
+    owner = owner or Owner()
     with db.session() as s:
         row = s.scalars(select(IngestRow).where(IngestRow.ingest_key == key, IngestRow.registered_at.is_(None))
                         .order_by(IngestRow.created_at.desc()).limit(1)).one_or_none()
-        if row is not None:
+        if row is not None and row.tenant_id == owner.tenant_id:
             return row, True
         row = IngestRow(id=str(uuid.uuid4()), ingest_key=key, name=name, lane=lane, task=task,
                         task_options=task_options, documents_total=0, pages_total=0, pages_succeeded=0,
-                        pages_failed=0, skipped=0, created_at=utcnow())
+                        pages_failed=0, skipped=0, created_at=utcnow(), tenant_id=owner.tenant_id,
+                        api_key_id=owner.api_key_id, callback_url=owner.callback_url)
         s.add(row)
     return row, False
 
 
 def close_ingest(db: Database, ingest_id: str, *, skipped: int) -> None:
     """Every document is registered: the ingest's totals are final."""
+    now = utcnow()
+    i = _INGESTS.c
     with db.session() as s:
-        s.execute(update(_INGESTS).where(_INGESTS.c.id == ingest_id)
-                  .values(registered_at=utcnow(), skipped=skipped))
+        _finished(s, s.execute(update(_INGESTS).where(i.id == ingest_id)
+                               .values(registered_at=now, skipped=skipped, finished_at=_finished_at(
+                                   i.pages_succeeded + i.pages_failed, now, registering=True))
+                               .returning(*_FINISHED)), now)
+
+
+# An ingest is finished once it is registered and every page is final; the UPDATE that makes it so
+# returns it (its finished_at becomes exactly ``now``) and queues its webhook in the same transaction.
+_FINISHED = (_INGESTS.c.id, _INGESTS.c.finished_at, _INGESTS.c.tenant_id, _INGESTS.c.callback_url)
+
+
+def _finished_at(final_after: Any, now: datetime, *, registering: bool = False) -> Any:
+    """finished_at once the ingest's final pages are ``final_after`` (an expression over its old values)."""
+    i = _INGESTS.c
+    done = final_after >= i.pages_total
+    if not registering:
+        done = done & i.registered_at.is_not(None)
+    return case((done, func.coalesce(i.finished_at, now)), else_=None)
+
+
+def _finished(s: Session, rows: Any, now: datetime) -> None:
+    for ingest_id, finished_at, tenant_id, callback_url in rows:
+        if callback_url and finished_at is not None and as_utc(finished_at) == now:
+            webhooks.enqueue(s, ingest_id=ingest_id, tenant_id=tenant_id, url=callback_url,
+                             event="ingest.finished", now=now)
 
 
 @dataclass
@@ -166,7 +204,9 @@ def _count_new(s: Session, ingest_id: str, documents: list[NewDocument], pages: 
         pages_succeeded=_INGESTS.c.pages_succeeded + succeeded, pages_failed=_INGESTS.c.pages_failed + failed)
     if succeeded + failed:
         values.update(first_done_at=func.coalesce(_INGESTS.c.first_done_at, now), last_done_at=now)
-    s.execute(update(_INGESTS).where(_INGESTS.c.id == ingest_id).values(**values))
+    values["finished_at"] = _finished_at(_INGESTS.c.pages_succeeded + _INGESTS.c.pages_failed + succeeded + failed, now)
+    _finished(s, s.execute(update(_INGESTS).where(_INGESTS.c.id == ingest_id).values(**values).returning(*_FINISHED)),
+              now)
     done = [d.id for d in documents if d.id in out.new_documents
             and sum(final.get(d.id, Counter()).values()) >= d.pages_total]
     if done:
@@ -208,7 +248,10 @@ def rollup(s: Session, job_id: str, *, succeeded: int, failed: int, now: datetim
                                   pages_failed=i.pages_failed + failed * per_ingest.c.n)
     if succeeded + failed > 0:
         values.update(first_done_at=func.coalesce(i.first_done_at, now), last_done_at=now)
-    s.execute(update(_INGESTS).where(i.id == per_ingest.c.ingest_id).values(**values))
+    values["finished_at"] = _finished_at(i.pages_succeeded + i.pages_failed + (succeeded + failed) * per_ingest.c.n,
+                                         now)
+    _finished(s, s.execute(update(_INGESTS).where(i.id == per_ingest.c.ingest_id).values(**values)
+                           .returning(*_FINISHED)), now)
     if failed:
         for ingest_id, n in s.execute(select(per_ingest.c.ingest_id, per_ingest.c.n)):
             _add_failures(s, ingest_id, reason or "unknown", failed * n)
@@ -244,12 +287,17 @@ def ingest_progress(db: Database, ingest_id: str) -> tuple[IngestRow, Progress, 
 
     Raises JobNotFound."""
     with db.session() as s:
-        row = get_row(s, IngestRow, ingest_id, "ingest")
-        running, unpublished = _live(s, _PAGES.c.ingest_id == ingest_id)
+        found = s.execute(select(IngestRow, *_live(_PAGES.c.ingest_id == ingest_id))
+                          .where(IngestRow.id == ingest_id)).one_or_none()
+        if found is None:
+            raise JobNotFound(f"no ingest with id {ingest_id}")
+        row, running, unpublished = found
         f = _FAILURES.c
         failures = [(r, int(n)) for r, n in s.execute(
-            select(f.reason, f.pages).where(f.ingest_id == ingest_id, f.pages > 0).order_by(f.pages.desc()).limit(20))]
-    progress = Progress(row.pages_total, row.pages_succeeded, row.pages_failed, running, unpublished)
+            select(f.reason, f.pages).where(f.ingest_id == ingest_id, f.pages > 0).order_by(f.pages.desc()).limit(20))
+        ] if row.pages_failed else []
+    progress = Progress(row.pages_total, row.pages_succeeded, row.pages_failed, int(running or 0),
+                        int(unpublished or 0))
     _rate(progress, as_utc(row.first_done_at), as_utc(row.last_done_at))
     return row, progress, failures
 
@@ -257,22 +305,25 @@ def ingest_progress(db: Database, ingest_id: str) -> tuple[IngestRow, Progress, 
 def document_progress(db: Database, document_id: str) -> tuple[DocumentRow, Progress, list[tuple[str, int]]]:
     """The document, its progress, and its failures grouped by reason. Raises JobNotFound."""
     with db.session() as s:
-        row = get_row(s, DocumentRow, document_id, "document")
-        running, unpublished = _live(s, _PAGES.c.document_id == document_id)
-        failures = _failures(s, _PAGES.c.document_id == document_id)
-    return row, Progress(row.pages_total, row.pages_succeeded, row.pages_failed, running, unpublished), failures
+        found = s.execute(select(DocumentRow, *_live(_PAGES.c.document_id == document_id))
+                          .where(DocumentRow.id == document_id)).one_or_none()
+        if found is None:
+            raise JobNotFound(f"no document with id {document_id}")
+        row, running, unpublished = found
+        failures = _failures(s, _PAGES.c.document_id == document_id) if row.pages_failed else []
+    return row, Progress(row.pages_total, row.pages_succeeded, row.pages_failed, int(running or 0),
+                         int(unpublished or 0)), failures
 
 
-def _live(s: Session, where: Any) -> tuple[int, int]:
-    """Running and unpublished pages, in one round trip: found from the few such jobs (partial
-    indexes on jobs), then their pages."""
+def _live(where: Any) -> tuple[Any, Any]:
+    """Running and unpublished pages, as two columns read with the row: found from the few such jobs
+    (partial indexes on jobs), then their pages."""
     j = _JOBS.c
     joined = _JOBS.join(_PAGES, _PAGES.c.job_id == j.id)
     running = select(func.count()).select_from(joined).where(j.status == JobStatus.RUNNING.value, where)
     unpublished = select(func.count()).select_from(joined).where(
         j.status == JobStatus.QUEUED.value, j.enqueued_at.is_(None), where)
-    found = s.execute(select(running.scalar_subquery(), unpublished.scalar_subquery())).one()
-    return int(found[0] or 0), int(found[1] or 0)
+    return running.scalar_subquery(), unpublished.scalar_subquery()
 
 
 def _failures(s: Session, where: Any) -> list[tuple[str, int]]:

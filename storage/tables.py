@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, func
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, func
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -90,11 +90,13 @@ class ResultRow(Base):
 
 
 _TS = DateTime(timezone=True)
+_DUE = "delivered_at IS NULL AND given_up_at IS NULL"
 
 
 class IngestRow(Base):
     __tablename__ = "ingests"
-    __table_args__ = (Index("ix_ingests_ingest_key", "ingest_key"),)
+    __table_args__ = (Index("ix_ingests_ingest_key", "ingest_key"),
+                      Index("ix_ingests_key_open", "api_key_id", "finished_at"))
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     # sha256 of (name, sources, lane, task): an interrupted submit of the same thing resumes this ingest.
@@ -112,6 +114,10 @@ class IngestRow(Base):
     registered_at: Mapped[datetime | None] = mapped_column(_TS, nullable=True)  # every document registered
     first_done_at: Mapped[datetime | None] = mapped_column(_TS, nullable=True)
     last_done_at: Mapped[datetime | None] = mapped_column(_TS, nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(_TS, nullable=True)  # registered and every page final
+    tenant_id: Mapped[str | None] = mapped_column(String(36), nullable=True)  # None: from the command line
+    api_key_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
+    callback_url: Mapped[str | None] = mapped_column(Text, nullable=True)  # POSTed when it finishes
 
 
 class DocumentRow(Base):
@@ -161,3 +167,60 @@ class IngestFailureRow(Base):
     ingest_id: Mapped[str] = mapped_column(String(36), primary_key=True)
     reason: Mapped[str] = mapped_column(Text, primary_key=True)
     pages: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class TenantRow(Base):
+    """Who owns ingests made through the API; its secret signs the webhooks it receives."""
+
+    __tablename__ = "tenants"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    webhook_secret: Mapped[str] = mapped_column(String(100))
+    created_at: Mapped[datetime] = mapped_column(_TS, server_default=func.now())
+
+
+class ApiKeyRow(Base):
+    """An API key: only its sha256 is kept; the key itself is shown once, when it is made."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(36), ForeignKey("tenants.id"))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))  # the key's first characters, to tell keys apart in lists
+    interactive: Mapped[bool] = mapped_column(Boolean, default=False)  # may use the interactive lane
+    created_at: Mapped[datetime] = mapped_column(_TS, server_default=func.now())
+    revoked_at: Mapped[datetime | None] = mapped_column(_TS, nullable=True)
+
+
+class WebhookDeliveryRow(Base):
+    """One webhook to deliver (an outbox row written with the change that triggers it), retried until it is
+    delivered or given up; each try is a ``WebhookAttemptRow``."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (Index("ix_webhooks_due", "next_at", postgresql_where=_DUE, sqlite_where=_DUE),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(36))
+    ingest_id: Mapped[str] = mapped_column(String(36), ForeignKey("ingests.id"))
+    url: Mapped[str] = mapped_column(Text)
+    event: Mapped[str] = mapped_column(String(40))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_at: Mapped[datetime] = mapped_column(_TS)
+    delivered_at: Mapped[datetime | None] = mapped_column(_TS, nullable=True)
+    given_up_at: Mapped[datetime | None] = mapped_column(_TS, nullable=True)
+    last_status: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(_TS, server_default=func.now())
+
+
+class WebhookAttemptRow(Base):
+    __tablename__ = "webhook_attempts"
+
+    delivery_id: Mapped[str] = mapped_column(String(36), ForeignKey("webhook_deliveries.id"), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(_TS)
+    status: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the receiver's HTTP status, if it answered
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    seconds: Mapped[float] = mapped_column(Float)
