@@ -432,6 +432,71 @@ def db_upgrade() -> None:
     err.print(f"database at newest schema: {settings.database_url.split('@')[-1]}")
 
 
+keys_app = typer.Typer(help="API keys of tenants (the HTTP API).", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+
+
+@app.command()
+def api(
+    host: Annotated[str | None, typer.Option("--host", help="address to listen on (default: api.host)")] = None,
+    port: Annotated[int | None, typer.Option("--port", help="port (default: settings, api.port)")] = None,
+) -> None:
+    """Serve the HTTP API and its web page (OpenAPI at /docs, metrics at /metrics)."""
+    from paperlane.producer.api import serve
+
+    settings = _settings()
+    _configure_logging(min(_state.log_level, logging.INFO))
+    serve(settings, host=host or settings.api.host, port=port or settings.api.port)
+
+
+@keys_app.command("create")
+def keys_create(
+    tenant: Annotated[str, typer.Option("--tenant", help="the tenant's name (made if new)")],
+    interactive: Annotated[bool, typer.Option("--interactive", help="may use the interactive lane")] = False,
+) -> None:
+    """Make an API key. It is printed once, on stdout; only its hash is kept."""
+    from paperlane.storage import tenants
+    from paperlane.storage.db import Database
+
+    settings = _settings()
+    db = Database(settings.database_url)
+    db.upgrade()
+    made = tenants.create_key(db, tenant=tenant, interactive=interactive)
+    if made.tenant_created:
+        err.print(f"tenant {tenant} created ({made.tenant_id}); its webhook signing secret: {made.webhook_secret}",
+                  highlight=False, soft_wrap=True)
+    lanes = "interactive and batch lanes" if interactive else "batch lane only"
+    err.print(f"key {made.key[:10]}... for {tenant} ({lanes}); store it now, it is not shown again:",
+              highlight=False)
+    print(made.key)
+
+
+@keys_app.command("list")
+def keys_list(tenant: Annotated[str | None, typer.Option("--tenant")] = None) -> None:
+    """API keys (their first characters), tenants, lanes, and whether revoked."""
+    from paperlane.storage import tenants
+    from paperlane.storage.db import Database
+
+    db = Database(_settings().database_url)
+    table = Table("key", "tenant", "lanes", "created", "revoked")
+    for key, name in tenants.list_keys(db, tenant):
+        table.add_row(f"{key.prefix}...", name, "interactive, batch" if key.interactive else "batch",
+                      key.created_at.strftime("%Y-%m-%d %H:%M"),
+                      key.revoked_at.strftime("%Y-%m-%d %H:%M") if key.revoked_at else "")
+    out.print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(prefix: Annotated[str, typer.Argument(help="the key, or its first 8-10 characters")]) -> None:
+    """Revoke a key (API replicas stop accepting it within seconds)."""
+    from paperlane.storage import tenants
+    from paperlane.storage.db import Database
+
+    n = tenants.revoke_key(Database(_settings().database_url), prefix)
+    err.print(f"{n} key{'s' if n != 1 else ''} revoked", highlight=False)
+    raise typer.Exit(0 if n else 1)
+
+
 def main() -> None:
     try:
         app()

@@ -149,6 +149,10 @@ class ApiSettings(BaseModel):
     webhook_attempts: int = Field(6, ge=1, description="deliveries of one webhook before it is given up")
     webhook_backoff: float = Field(2.0, ge=0, description="seconds before the first webhook retry; doubles")
     webhook_timeout: float = Field(10.0, gt=0, description="seconds one webhook delivery may take")
+    webhook_private: bool = Field(False, description="allow callback URLs on loopback and private addresses "
+                                  "(one-box installs, tests); off, they are refused as a request forgery risk")
+    ingest_buckets: list[str] = Field(default_factory=list, description="buckets POST /v1/ingests may read "
+                                      "(with paperlane's own S3 credentials); none: the endpoint refuses all")
 
 
 class MetricsSettings(BaseModel):

@@ -132,6 +132,24 @@ def expand(paths: Iterable[str | Path], limits: IngestSettings, *, s3: Any = Non
             raise UsageError(f"no such file or folder: {text}")
 
 
+def expand_upload(source: str, name: str, fh: IO[bytes], size: int,
+                  limits: IngestSettings) -> Iterator[Document | Skipped]:
+    """An uploaded file (the HTTP API, which checks its type by ``sniff`` first): a document, or an archive's
+    documents. ``fh`` is seekable (a spooled temporary file); it is closed when read."""
+    item = _Item(source, name, size, lambda: fh, seekable=True)
+    yield from _guarded(item, "upload", _item(item, limits, 0, explicit=True))
+
+
+def sniff(head: bytes) -> str | None:
+    """The format the first bytes of a file say (``"jpeg"``, ``"pdf"``, ``"zip"``, ...), or None."""
+    return _sniff(head)
+
+
+def safe_name(name: str) -> str:
+    """A file name from outside (an upload's) as a document's output stem: no path, no control character."""
+    return _safe_name(name)
+
+
 def _walk(root: str, limits: IngestSettings) -> Iterator[Document | Skipped]:
     """Every file under ``root``, depth first in name order; one listing per level is held, never the tree."""
     seen: set[tuple[int, int]] = set()

@@ -138,19 +138,24 @@ class Submitter:
                sources: list[str]) -> Iterator[SubmittedPage | Skipped]:
         """Register every document of ``items`` into the ingest ``name``; yields each page (and each
         skipped file) as its chunk is registered. The ingest is closed when ``items`` ends."""
+        ingest_id = self.summary.ingest_id or self.open(name=name, sources=sources)
+        known = ingests.registered_sources(self.db, ingest_id) if self.summary.resumed and self.resume else set()
+        if known:
+            self._publish_unpublished(ingest_id)
+        try:
+            yield from self._chunks(ingest_id, items, known)
+        finally:
+            self._uploads.shutdown(wait=True, cancel_futures=True)
+        ingests.close_ingest(self.db, ingest_id, skipped=self.summary.skipped)
+
+    def open(self, *, name: str, sources: list[str]) -> str:
+        """Open the ingest now (``submit`` does it otherwise), to know its id before anything is read."""
         key = ingests.ingest_key(name=name, sources=sources, lane=self.lane.value, task_key=self.spec.cache_key())
         ingest, resumed = ingests.open_ingest(self.db, key=key, name=name, lane=self.lane.value,
                                               task=self.spec.task.value, task_options=self.task_options,
                                               owner=self.owner)
         self.summary.ingest_id, self.summary.resumed = ingest.id, resumed
-        known = ingests.registered_sources(self.db, ingest.id) if resumed and self.resume else set()
-        if known:
-            self._publish_unpublished(ingest.id)
-        try:
-            yield from self._chunks(ingest.id, items, known)
-        finally:
-            self._uploads.shutdown(wait=True, cancel_futures=True)
-        ingests.close_ingest(self.db, ingest.id, skipped=self.summary.skipped)
+        return ingest.id
 
     def _chunks(self, ingest_id: str, items: Iterable[Document | Skipped],
                 known: set[str]) -> Iterator[SubmittedPage | Skipped]:

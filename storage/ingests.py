@@ -282,13 +282,14 @@ class Progress:
         return self.succeeded + self.failed >= self.total
 
 
-def ingest_progress(db: Database, ingest_id: str) -> tuple[IngestRow, Progress, list[tuple[str, int]]]:
+def ingest_progress(db: Database, ingest_id: str, *,
+                    tenant_id: str | None = None) -> tuple[IngestRow, Progress, list[tuple[str, int]]]:
     """The ingest, its progress, and its failures grouped by reason (most frequent first, at most 20).
 
-    Raises JobNotFound."""
+    Raises JobNotFound (also for another tenant's ingest, when ``tenant_id`` is given)."""
     with db.session() as s:
-        found = s.execute(select(IngestRow, *_live(_PAGES.c.ingest_id == ingest_id))
-                          .where(IngestRow.id == ingest_id)).one_or_none()
+        query = select(IngestRow, *_live(_PAGES.c.ingest_id == ingest_id)).where(IngestRow.id == ingest_id)
+        found = s.execute(_of_tenant(query, tenant_id)).one_or_none()
         if found is None:
             raise JobNotFound(f"no ingest with id {ingest_id}")
         row, running, unpublished = found
@@ -302,17 +303,27 @@ def ingest_progress(db: Database, ingest_id: str) -> tuple[IngestRow, Progress, 
     return row, progress, failures
 
 
-def document_progress(db: Database, document_id: str) -> tuple[DocumentRow, Progress, list[tuple[str, int]]]:
-    """The document, its progress, and its failures grouped by reason. Raises JobNotFound."""
+def document_progress(db: Database, document_id: str, *,
+                      tenant_id: str | None = None) -> tuple[DocumentRow, Progress, list[tuple[str, int]]]:
+    """The document, its progress, and its failures grouped by reason.
+
+    Raises JobNotFound (also for another tenant's document, when ``tenant_id`` is given)."""
     with db.session() as s:
-        found = s.execute(select(DocumentRow, *_live(_PAGES.c.document_id == document_id))
-                          .where(DocumentRow.id == document_id)).one_or_none()
+        query = select(DocumentRow, *_live(_PAGES.c.document_id == document_id)).where(DocumentRow.id == document_id)
+        if tenant_id is not None:
+            query = _of_tenant(query.join(IngestRow, IngestRow.id == DocumentRow.ingest_id), tenant_id)
+        found = s.execute(query).one_or_none()
         if found is None:
             raise JobNotFound(f"no document with id {document_id}")
         row, running, unpublished = found
         failures = _failures(s, _PAGES.c.document_id == document_id) if row.pages_failed else []
     return row, Progress(row.pages_total, row.pages_succeeded, row.pages_failed, int(running or 0),
                          int(unpublished or 0)), failures
+
+
+def _of_tenant(query: Any, tenant_id: str | None) -> Any:
+    """``query`` (which joins ingests) narrowed to one tenant's rows, when a tenant is given."""
+    return query if tenant_id is None else query.where(IngestRow.tenant_id == tenant_id)
 
 
 def _live(where: Any) -> tuple[Any, Any]:
@@ -349,11 +360,14 @@ class PageView:
     job: JobRow
 
 
-def get_page(db: Database, page_id: str) -> PageView:
-    """A page with its document and job. Raises JobNotFound."""
+def get_page(db: Database, page_id: str, *, tenant_id: str | None = None) -> PageView:
+    """A page with its document and job. Raises JobNotFound (also for another tenant's page)."""
+    query = (select(PageRow, DocumentRow, JobRow).join(DocumentRow, DocumentRow.id == PageRow.document_id)
+             .join(JobRow, JobRow.id == PageRow.job_id).where(PageRow.id == page_id))
+    if tenant_id is not None:
+        query = _of_tenant(query.join(IngestRow, IngestRow.id == PageRow.ingest_id), tenant_id)
     with db.session() as s:
-        found = s.execute(select(PageRow, DocumentRow, JobRow).join(DocumentRow, DocumentRow.id == PageRow.document_id)
-                          .join(JobRow, JobRow.id == PageRow.job_id).where(PageRow.id == page_id)).one_or_none()
+        found = s.execute(query).one_or_none()
     if found is None:
         raise JobNotFound(f"no page with id {page_id}")
     return PageView(*found)

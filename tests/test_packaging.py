@@ -14,7 +14,8 @@ REPO = Path(__file__).resolve().parents[1]
 # Lowest first. A module may import from its own package and from packages in lower layers only:
 # settings, schemas and errors at the bottom, the CLI on top.
 LAYERS: list[set[str]] = [
-    {"paperlane.errors", "paperlane.schemas", "paperlane.settings", "paperlane.report", "paperlane.pdfium"},
+    {"paperlane.errors", "paperlane.schemas", "paperlane.settings", "paperlane.report", "paperlane.pdfium",
+     "paperlane.metrics"},
     {"paperlane.storage", "paperlane.models"},
     {"paperlane.priority"},
     {"paperlane.producer"},

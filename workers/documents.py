@@ -8,17 +8,17 @@ documents carries the first one's source).
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 
-from paperlane.errors import PaperlaneError, public_reason
+from paperlane.errors import public_reason
 from paperlane.pdfium import LOCK as PDFIUM_LOCK
-from paperlane.schemas import JobStatus, PageResult, Task
+from paperlane.schemas import PageResult
 from paperlane.storage import ingests
 from paperlane.storage.db import Database
 from paperlane.storage.objects import ObjectStore, document_keys
-from paperlane.storage.tables import DocumentRow, JobRow
+from paperlane.storage.results import page_result
+from paperlane.storage.tables import DocumentRow
 from paperlane.workers.docout import document_json, document_markdown, searchable_pdf
 
 log = logging.getLogger(__name__)
@@ -31,22 +31,6 @@ class DocumentOutputs:
     json: bytes
     markdown: bytes
     pdf: bytes | None  # None when it could not be built (the reason is logged)
-
-
-def page_result(store: ObjectStore, job: JobRow, *, source: str, page_no: int) -> PageResult:
-    """A page's result: its job's stored result, or a failed one saying why there is none."""
-    result: PageResult | None = None
-    if job.status == JobStatus.SUCCEEDED.value and job.result_key:
-        try:
-            result = PageResult.model_validate(json.loads(store.get(job.result_key)))
-        except (PaperlaneError, ValueError) as exc:
-            log.warning("stored result of job %s unreadable (%s)", job.id, exc)
-    if result is None:
-        error = job.error or ("not finished" if job.status in (JobStatus.QUEUED.value, JobStatus.RUNNING.value)
-                              else "stored result missing")
-        result = PageResult(job_id=job.id, source=source, page=page_no, status=JobStatus.FAILED,
-                            error=error, task=Task(job.task))
-    return result.model_copy(update={"source": source, "page": page_no})
 
 
 def build_outputs(db: Database, store: ObjectStore, document_id: str, *,

@@ -29,8 +29,9 @@ from paperlane.producer.inputs import Document, Skipped
 from paperlane.producer.submit import SubmittedPage, Submitter
 from paperlane.schemas import JobStatus, PageResult, TaskSpec
 from paperlane.storage import jobs as jobstore
+from paperlane.storage.results import page_result
 from paperlane.workers.attempts import Action, Decision, settle
-from paperlane.workers.documents import page_result, write_outputs
+from paperlane.workers.documents import write_outputs
 from paperlane.workers.pipeline import PageOutcome, Runtime, process_page, result_json
 from paperlane.workers.render import format_of
 

@@ -1,0 +1,123 @@
+"""A real ``paperlane api`` process for tests, and a local webhook receiver."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+
+from tests.conftest import PAPERLANE, Stack, cli
+from tests.services import free_port
+
+
+class ApiProcess:
+    def __init__(self, stack: Stack, *, name: str = "api") -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = stack.root / f"{name}.log"
+        self.proc = subprocess.Popen([*PAPERLANE, "--config", str(stack.config), "api", "--host", "127.0.0.1",
+                                      "--port", str(self.port)], stdout=self.log.open("wb"), stderr=subprocess.STDOUT,
+                                     env=stack.env(), cwd=stack.root, start_new_session=True)
+
+    def wait_ready(self, timeout: float = 60) -> ApiProcess:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"api exited with {self.proc.returncode}:\n{self.output()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"api not ready in {timeout}s:\n{self.output()[-3000:]}")
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+
+
+def create_key(stack: Stack, tenant: str, *, interactive: bool = False) -> tuple[str, str | None]:
+    """A new key (and the tenant's webhook secret, when the tenant is new)."""
+    res = cli(stack, "keys", "create", "--tenant", tenant, *(["--interactive"] if interactive else []))
+    assert res.returncode == 0, res.stderr
+    secret = None
+    if "webhook signing secret:" in res.stderr:
+        secret = res.stderr.split("webhook signing secret:")[1].split()[0]
+    return res.stdout.split()[-1], secret
+
+
+class Receiver:
+    """An HTTP server on loopback that records what is POSTed to it and answers with ``statuses`` in turn."""
+
+    def __init__(self, statuses: list[int]) -> None:
+        self.requests: list[tuple[dict[str, str], bytes]] = []
+        self._statuses = list(statuses)
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                owner.requests.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                self.send_response(owner._statuses.pop(0) if owner._statuses else 200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def wait(self, n: int, timeout: float = 60) -> list[tuple[dict[str, str], bytes]]:
+        deadline = time.monotonic() + timeout
+        while len(self.requests) < n:
+            assert time.monotonic() < deadline, f"{len(self.requests)} webhook requests, wanted {n}"
+            time.sleep(0.1)
+        return self.requests
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+def until(check: Callable[[], object], timeout: float = 120, what: str = "condition") -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = check()
+        if found:
+            return found
+        assert time.monotonic() < deadline, f"{what} not met in {timeout}s"
+        time.sleep(0.2)
+
+
+def sse_events(text: str) -> list[tuple[str, dict]]:
+    """Parse a Server-Sent Events body into (event, data) pairs."""
+    events = []
+    for frame in text.split("\n\n"):
+        lines = [ln for ln in frame.splitlines() if ln and not ln.startswith(":")]
+        if not lines:
+            continue
+        fields = dict(ln.split(": ", 1) for ln in lines)
+        events.append((fields.get("event", "message"), json.loads(fields["data"])))
+    return events
+
+
+def write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
