@@ -267,8 +267,6 @@ def test_dockerfile_entrypoint_is_paperlane() -> None:
 def test_commands_are_registered(name: str) -> None:
     args = argv(service(name))
     cmd, rest = _command(args)
-    if args[:1] == ["api"] and _is_group(cmd):
-        pytest.skip("`paperlane api` is not registered yet: it comes with issue 9 (the HTTP API)")
     assert not _is_group(cmd), f"paperlane {' '.join(args)}: no such command"
     known = {opt for p in cmd.params for opt in (*p.opts, *p.secondary_opts)}
     unknown = [a.partition("=")[0] for a in rest if a.startswith("-") and a.partition("=")[0] not in known]
