@@ -506,3 +506,33 @@ def main() -> None:
     except PaperlaneError as exc:
         err.print(f"[red]error:[/] {exc}", highlight=False)
         sys.exit(1)
+
+
+@app.command("dead-letters")
+def dead_letters(
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    purge: Annotated[bool, typer.Option("--purge", help="empty the list (what it held is shown)")] = False,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="only the newest N")] = None,
+) -> None:
+    """Messages workers set aside instead of taking them off a lane (not JSON, not a page message, no such
+    job): newest first, with why, the queue and when."""
+    from dataclasses import asdict
+
+    from rich.markup import escape
+
+    from paperlane.priority.deadletter import DeadLetters
+
+    settings = _settings()
+    letters = DeadLetters.from_url(settings.redis.url)
+    try:
+        found = letters.purge() if purge else letters.recent(limit)
+    finally:
+        letters.close()
+    if as_json:
+        print(json.dumps([asdict(d) for d in found], indent=1, ensure_ascii=False))
+        return
+    for d in found:
+        out.print(f"{d.at}  {d.queue or '?'}  [red]{escape(d.reason)}[/]", highlight=False)
+        message = d.message if len(d.message) <= 300 else d.message[:297] + "..."
+        out.print(f"  {'base64 ' if d.encoding == 'base64' else ''}{message}", highlight=False, markup=False)
+    err.print(f"{len(found)} dead letters{' purged' if purge else ''}", highlight=False)

@@ -3,7 +3,7 @@
 Settings verified in shared/notes/celery-priority.md: kombu's ``priority`` queue-order strategy
 makes message priority (0 first) dominate queue order on Redis; prefetch 1 and late acks keep
 reserved-but-not-started messages few, so priority still holds, and a killed worker's message is
-redelivered.
+redelivered. A message on a lane that is not a page message is set aside, not taken (``priority.transport``).
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ def make_celery(settings: Settings) -> Celery:
         "unacked_restore_interval": min(10.0, max(1.0, settings.redis.visibility_timeout / 4)),
     }
     app.conf.update(
+        # kombu's Redis transport, checking each lane message before kombu reads it (priority.transport).
+        broker_transport="paperlane.priority.transport:Transport",
         broker_transport_options=transport,
         broker_connection_retry_on_startup=True,
         task_default_queue=Lane.BATCH.queue,

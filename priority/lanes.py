@@ -49,6 +49,11 @@ DELAYED_KEY = "paperlane.delayed"
 RELEASING_KEY = "paperlane.delayed.releasing"
 DELAYED_CHANNEL = "paperlane.delayed"
 
+# Messages a worker could not take off a lane (not JSON, not a page message, no such job): a list for
+# operators, newest first, trimmed to DEAD_LETTER_KEEP entries (see priority/deadletter.py).
+DEAD_LETTER_KEY = "paperlane.dead-letter"
+DEAD_LETTER_KEEP = 1000
+
 
 def broker_keys(lane: Lane) -> list[str]:
     """The Redis lists that hold ``lane``'s waiting messages."""

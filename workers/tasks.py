@@ -10,6 +10,7 @@ stored, failed, or delayed for a retry — a retry is a page in Redis's delayed 
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ from celery.exceptions import Reject
 
 from paperlane.errors import JobNotFound, StorageUnavailable, public_reason
 from paperlane.priority.broker import send_page
+from paperlane.priority.deadletter import DeadLetters
 from paperlane.priority.delayed import DelayedPage, DelayedPages
 from paperlane.priority.lanes import TASK_PROCESS_PAGE, Lane
 from paperlane.priority.policy import LanePolicy
@@ -35,15 +37,18 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class WorkerParts:
-    """What the Celery task needs besides the runtime: the scheduler, the delayed set, the retry clock."""
+    """What the Celery task needs besides the runtime: the scheduler, the delayed set, the retry clock,
+    the dead-letter list."""
 
     scheduler: LaneScheduler
     delayed: DelayedPages
     clock: RetryClock
+    dead_letters: DeadLetters
 
     def close(self) -> None:
         self.clock.stop()
         self.delayed.close()
+        self.dead_letters.close()
 
 
 def register_tasks(app: Celery, runtime: Runtime, *, lanes: list[Lane] | None = None) -> WorkerParts:
@@ -63,7 +68,7 @@ def register_tasks(app: Celery, runtime: Runtime, *, lanes: list[Lane] | None = 
                 send_page(app, page.job_id, page.lane, page.priority, producer=producer)
 
     clock = RetryClock(runtime.settings.redis.url, publish)
-    parts = WorkerParts(scheduler, delayed, clock)
+    parts = WorkerParts(scheduler, delayed, clock, DeadLetters.from_url(runtime.settings.redis.url))
 
     @app.task(name=TASK_PROCESS_PAGE, bind=True, acks_late=True)
     def process_page_task(self: Task, job_id: str) -> str:
@@ -85,7 +90,7 @@ def _lane_of(task: Task) -> Lane:
 def handle_page(rt: Runtime, parts: WorkerParts, job_id: str, lane: Lane, delivery: dict) -> str:
     """One message: attempt its page and settle it (done, failed, or delayed for a retry)."""
     try:
-        return _attempt(rt, parts, job_id)
+        return _attempt(rt, parts, job_id, lane)
     except StorageUnavailable as exc:
         # The database is unreachable: nothing about the page can be recorded, so the whole message
         # goes back to its lane later (processing a page twice is harmless).
@@ -96,11 +101,12 @@ def handle_page(rt: Runtime, parts: WorkerParts, job_id: str, lane: Lane, delive
         return "delayed"
 
 
-def _attempt(rt: Runtime, parts: WorkerParts, job_id: str) -> str:
+def _attempt(rt: Runtime, parts: WorkerParts, job_id: str, lane: Lane) -> str:
     try:
         job = jobstore.start_attempt(rt.db, job_id, max_attempts=rt.settings.worker.max_attempts)
-    except JobNotFound:
-        log.error("message for unknown job %s dropped", job_id)
+    except JobNotFound as exc:
+        message = json.dumps({"task": TASK_PROCESS_PAGE, "args": [job_id]})
+        parts.dead_letters.add(message, reason=str(exc), queue=lane.queue)
         return "unknown"
     if job is None:
         # A message for a final job: a redelivery, or a document registered with every page already final.

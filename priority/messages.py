@@ -1,0 +1,121 @@
+"""What a message on a lane queue must be: one page's Celery message, as ``broker.send_page`` writes it.
+
+Workers check every message they pop off a lane (``priority.transport``) before kombu and Celery
+read it: kombu ends the worker on a message that is not JSON or not shaped like a kombu message
+(the consumer loop raises), and Celery only logs and drops an unknown task, a body it cannot decode
+or arguments the task does not take. A message that fails the check is set aside in the dead-letter
+list (``priority.deadletter``) with the reason this module gives, and the worker goes on.
+
+The check accepts exactly what paperlane publishes in the fields kombu and Celery read before the
+task runs (envelope, properties, the headers they interpret, the body): one job id, as the only
+positional argument or as ``job_id``. Whether that job exists is the task's to find out.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from paperlane.priority.lanes import PRIORITY_STEPS, TASK_PROCESS_PAGE
+
+
+class BadMessage(ValueError):
+    """A lane message no worker can take; ``reason`` says why in one line."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class _DeliveryInfo(_Strict):
+    exchange: str
+    routing_key: str
+
+
+class _Properties(_Strict):
+    delivery_tag: str
+    body_encoding: Literal["base64"]
+    delivery_info: _DeliveryInfo
+    priority: int | None = Field(None, ge=PRIORITY_STEPS[0], le=PRIORITY_STEPS[-1])
+
+
+class _Headers(_Strict):
+    task: str
+    id: str
+    # Celery holds a message with an ETA in the worker, outside the lanes and the prefetch limit;
+    # paperlane's retries wait in Redis instead (priority.delayed), so a page message never has one.
+    eta: None = None
+    expires: None = None
+    retries: int = 0
+    timelimit: tuple[float | None, float | None] | None = None
+
+
+class _Envelope(_Strict):
+    body: str
+    content_type: Literal["application/json"] = Field(alias="content-type")
+    content_encoding: Literal["utf-8"] = Field(alias="content-encoding")
+    headers: _Headers
+    properties: _Properties
+
+
+class _Embed(_Strict):
+    callbacks: None = None
+    errbacks: None = None
+    chain: None = None
+    chord: None = None
+
+
+# Celery's body: [args, kwargs, embed].
+_BODY = TypeAdapter(tuple[list[Any], dict[str, Any], _Embed | None], config=ConfigDict(strict=True))
+
+
+def page_job_id(raw: bytes) -> str:
+    """The job id a page message carries. Raises BadMessage saying what is wrong with ``raw``."""
+    try:
+        envelope = _Envelope.model_validate_json(raw)
+    except ValidationError as exc:
+        raise BadMessage(_first_error("message", exc)) from exc
+    if envelope.headers.task != TASK_PROCESS_PAGE:
+        raise BadMessage(f"unknown task {envelope.headers.task[:100]!r}")
+    try:
+        body = base64.b64decode(envelope.body, validate=True)
+    except binascii.Error as exc:
+        raise BadMessage(f"body: not base64 ({exc})") from exc
+    try:
+        args, kwargs, _ = _BODY.validate_json(body)
+    except ValidationError as exc:
+        raise BadMessage(_first_error("body [args, kwargs, embed]", exc)) from exc
+    return _job_id(args, kwargs)
+
+
+def _job_id(args: list[Any], kwargs: dict[str, Any]) -> str:
+    if len(args) == 1 and not kwargs:
+        job_id = args[0]
+    elif not args and kwargs.keys() == {"job_id"}:
+        job_id = kwargs["job_id"]
+    else:
+        raise BadMessage(f"arguments: expected one job id, got args={_short(args)} kwargs={_short(kwargs)}")
+    if not isinstance(job_id, str) or not 0 < len(job_id) <= 64:
+        raise BadMessage(f"arguments: the job id must be a string of 1 to 64 characters, got {_short(job_id)}")
+    return job_id
+
+
+def _first_error(what: str, exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    if first["type"] == "json_invalid":
+        return f"{'' if what == 'message' else what + ': '}not JSON ({first['msg'].removeprefix('Invalid JSON: ')})"
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
+    return f"{what}{where}: {first['msg']}"
+
+
+def _short(value: object, limit: int = 80) -> str:
+    text = json.dumps(value, default=repr)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
