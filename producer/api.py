@@ -18,6 +18,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from importlib import resources
@@ -80,6 +81,7 @@ class Service:
     redis: redis.Redis
     auth_cache: dict[str, tuple[float, Caller | None]] = field(default_factory=dict)
     registering: set[asyncio.Future[None]] = field(default_factory=set)  # S3 ingests being registered
+    uploads: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(16, thread_name_prefix="upload"))
 
     @classmethod
     def open(cls, settings: Settings) -> Service:
@@ -88,6 +90,7 @@ class Service:
                    redis.Redis.from_url(settings.redis.url, socket_timeout=2, socket_connect_timeout=2))
 
     def close(self) -> None:
+        self.uploads.shutdown(wait=True)
         self.db.dispose()
         self.redis.close()
 
@@ -362,7 +365,8 @@ def _register_upload(service: Service, caller: Caller, opts: _Options, spec: Tas
     upload.file.seek(0)
     submitter = Submitter(db=service.db, store=service.store, spec=spec, lane=opts.lane, level=opts.priority,
                           publisher=service.publisher, limits=service.settings.ingest, resume=False,
-                          owner=ingests.Owner(caller.tenant_id, caller.key_id, opts.callback_url))
+                          owner=ingests.Owner(caller.tenant_id, caller.key_id, opts.callback_url),
+                          uploads=service.uploads)
     items = inputs.expand_upload(source, filename, upload.file, size, service.settings.ingest)
     pages: list[SubmittedPage] = []
     skipped: list[dict[str, str]] = []

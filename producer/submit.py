@@ -119,7 +119,7 @@ class Submitter:
     def __init__(self, *, db: Database, store: ObjectStore, spec: TaskSpec, lane: Lane = Lane.BATCH,
                  level: int = 0, force: bool = False, publisher: Publisher | None = None,
                  limits: IngestSettings | None = None, resume: bool = True, chunk_pages: int = CHUNK_PAGES,
-                 owner: ingests.Owner | None = None) -> None:
+                 owner: ingests.Owner | None = None, uploads: ThreadPoolExecutor | None = None) -> None:
         self.db, self.store, self.spec, self.lane, self.force = db, store, spec, lane, force
         self.owner = owner or ingests.Owner()
         self.priority = message_priority(lane, level)
@@ -129,7 +129,10 @@ class Submitter:
         self.resume = resume
         self.chunk_pages = chunk_pages
         self.summary = IngestSummary()
-        self._uploads = ThreadPoolExecutor(max_workers=self.limits.upload_threads, thread_name_prefix="upload")
+        # A long-lived caller (the API) lends its pool: a pool of one's own starts threads for every submit.
+        self._own_uploads = uploads is None
+        self._uploads = uploads or ThreadPoolExecutor(max_workers=self.limits.upload_threads,
+                                                      thread_name_prefix="upload")
         self._room = threading.BoundedSemaphore(IN_FLIGHT_BYTES >> 16)  # in 64 kB units
         self._pack = bytearray()
         self._pack_docs: list[_Doc] = []
@@ -145,7 +148,8 @@ class Submitter:
         try:
             yield from self._chunks(ingest_id, items, known)
         finally:
-            self._uploads.shutdown(wait=True, cancel_futures=True)
+            if self._own_uploads:
+                self._uploads.shutdown(wait=True, cancel_futures=True)
         ingests.close_ingest(self.db, ingest_id, skipped=self.summary.skipped)
 
     def open(self, *, name: str, sources: list[str]) -> str:
@@ -161,7 +165,7 @@ class Submitter:
                 known: set[str]) -> Iterator[SubmittedPage | Skipped]:
         chunk: list[_Doc] = []
         pages = 0
-        seq = ingests.next_seq(self.db, ingest_id)
+        seq = ingests.next_seq(self.db, ingest_id) if self.summary.resumed else 0
         for item in items:
             if isinstance(item, Skipped):
                 self.summary.skipped += 1
