@@ -1,0 +1,84 @@
+"""Leases on running jobs: no page stays ``running`` because its worker died or hung.
+
+A worker takes a job with a lease (``hold``) and pushes the leases of the jobs it holds ahead every few
+seconds (``renew``, one UPDATE for all of them). Any worker takes back the jobs whose lease ran out
+(``take_back``, one UPDATE ... RETURNING, so two workers never take back the same job): back to
+``queued`` with the attempt counted, for the caller to put on its lane again, or failed with the reason
+once the attempts are used up. A worker that hangs stops renewing, exactly as a dead one does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import and_, update
+
+from paperlane.schemas import JobStatus
+from paperlane.storage import jobs as jobstore
+from paperlane.storage.db import Database
+from paperlane.storage.tables import JobRow
+
+_JOBS = JobRow.__table__
+
+
+@dataclass(frozen=True)
+class TakenBack:
+    job_id: str
+    lane: str
+    priority: int
+    worker: str | None
+    failed: bool  # its attempts were used up: failed with the reason, not queued again
+
+
+def hold(db: Database, job_id: str, *, worker: str, until: datetime) -> None:
+    with db.session() as s:
+        s.execute(update(_JOBS).where(_JOBS.c.id == job_id, _JOBS.c.status == JobStatus.RUNNING.value)
+                  .values(worker=worker, lease_until=until))
+
+
+def renew(db: Database, job_ids: list[str], *, worker: str, until: datetime) -> int:
+    """Push the leases of this worker's running jobs to ``until``; how many it still holds."""
+    if not job_ids:
+        return 0
+    j = _JOBS.c
+    with db.session() as s:
+        done = s.execute(update(_JOBS).where(j.id.in_(job_ids), j.status == JobStatus.RUNNING.value,
+                                             j.worker == worker).values(lease_until=until))
+        return int(done.rowcount or 0)
+
+
+def take_back(db: Database, *, now: datetime, max_attempts: int, limit: int = 500) -> list[TakenBack]:
+    """Jobs whose lease ran out: queued again (their attempt counted), or failed when their attempts are used up."""
+    j = _JOBS.c
+    expired = and_(j.status == JobStatus.RUNNING.value, j.lease_until < now)
+    with db.session() as s:
+        rows = s.execute(update(_JOBS).where(j.id.in_(
+            _JOBS.select().with_only_columns(j.id).where(expired).limit(limit).scalar_subquery()), expired)
+            # Unpublished until the caller has put it on its lane (``unpublished`` finds it if that never happens).
+            .values(status=JobStatus.QUEUED.value, lease_until=None, enqueued_at=None)
+            .returning(j.id, j.lane, j.priority, j.worker, j.attempts)).all()
+    out = []
+    for job_id, lane, priority, worker, attempts in rows:
+        failed = attempts >= max_attempts
+        if failed:
+            reason = (f"its worker ({worker or 'unknown'}) stopped answering {attempts} times; "
+                      "the page may crash or hang workers")
+            jobstore.finish_failed(db, job_id, reason, "worker")
+        out.append(TakenBack(job_id, lane, int(priority), worker, failed))
+    return out
+
+
+def lease_end(now: datetime, seconds: float) -> datetime:
+    return now + timedelta(seconds=seconds)
+
+
+def unpublished(db: Database, *, before: datetime, limit: int = 500) -> list[tuple[str, str, int]]:
+    """(job id, lane, priority) of queued jobs whose message has not gone out since ``before``: a producer or
+    a worker died between registering or taking back a job and publishing it. From the partial index on
+    unpublished jobs, so it costs nothing when there are none."""
+    j = _JOBS.c
+    with db.session() as s:
+        rows = s.execute(_JOBS.select().with_only_columns(j.id, j.lane, j.priority).where(
+            j.status == JobStatus.QUEUED.value, j.enqueued_at.is_(None), j.updated_at < before).limit(limit)).all()
+    return [(r[0], r[1], int(r[2])) for r in rows]

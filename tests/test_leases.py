@@ -1,0 +1,55 @@
+"""Leases on running jobs (storage level, SQLite and PostgreSQL): renewed by their worker, taken back once
+they run out, failed when their attempts are used up; jobs whose message never went out found again."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+from paperlane.producer.submit import submit_documents
+from paperlane.schemas import JobStatus, TaskSpec
+from paperlane.storage import jobs as jobstore
+from paperlane.storage import leases
+from paperlane.storage.db import Database, utcnow
+from paperlane.storage.localfs import LocalStore
+from tests.pages import tiny_page
+from tests.test_ingests import doc
+
+
+def _jobs(db: Database, tmp_path: Path, n: int) -> list[str]:
+    pages = submit_documents([doc(f"p{i}", tiny_page(i)) for i in range(n)], db=db, store=LocalStore(tmp_path),
+                             spec=TaskSpec())
+    jobstore.mark_enqueued(db, [p.job_id for p in pages])
+    return [p.job_id for p in pages]
+
+
+def test_a_lapsed_lease_goes_back_to_its_lane_and_a_live_one_stays(db: Database, tmp_path: Path) -> None:
+    a, b = _jobs(db, tmp_path, 2)
+    now = utcnow()
+    for job_id, worker in ((a, "w1"), (b, "w2")):
+        assert jobstore.start_attempt(db, job_id, max_attempts=3) is not None
+        leases.hold(db, job_id, worker=worker, until=now + timedelta(seconds=5))
+    assert leases.renew(db, [a, b], worker="w1", until=now + timedelta(seconds=60)) == 1  # w1 holds only a
+    later = now + timedelta(seconds=10)
+    [back] = leases.take_back(db, now=later, max_attempts=3)
+    assert (back.job_id, back.worker, back.failed) == (b, "w2", False)
+    assert leases.take_back(db, now=later, max_attempts=3) == []  # taken back once
+    row = jobstore.get_job(db, b)
+    assert (row.status, row.attempts, row.enqueued_at) == (JobStatus.QUEUED.value, 1, None)
+    assert jobstore.get_job(db, a).status == JobStatus.RUNNING.value
+    # Its message not out yet: found by the sweep once it has waited long enough, not before.
+    assert leases.unpublished(db, before=now - timedelta(seconds=60)) == []
+    assert [j for j, _, _ in leases.unpublished(db, before=utcnow() + timedelta(seconds=1))] == [b]
+    jobstore.mark_enqueued(db, [b])
+    assert leases.unpublished(db, before=utcnow() + timedelta(seconds=1)) == []
+
+
+def test_a_page_whose_worker_keeps_dying_fails_with_the_reason(db: Database, tmp_path: Path) -> None:
+    [job_id] = _jobs(db, tmp_path, 1)
+    for attempt in range(1, 3):
+        assert jobstore.start_attempt(db, job_id, max_attempts=2) is not None
+        leases.hold(db, job_id, worker=f"w{attempt}", until=utcnow() - timedelta(seconds=1))
+        [back] = leases.take_back(db, now=utcnow(), max_attempts=2)
+        assert back.failed is (attempt == 2)
+    row = jobstore.get_job(db, job_id)
+    assert row.status == JobStatus.FAILED.value and "w2" in (row.error or "") and row.error_stage == "worker"
