@@ -1,11 +1,15 @@
 """Prometheus series of paperlane's processes (prometheus-client's default registry).
 
-The API serves them at ``/metrics``; names are ``paperlane_*``.
+The API serves them at ``/metrics``; each worker process on ``metrics.port`` (``workers.metrics``, which
+also adds the lanes' queue depths and, where NVML finds a GPU, its memory, utilisation and temperature).
+Names are ``paperlane_*``.
 """
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+import re
+
+from prometheus_client import Counter, Gauge, Histogram
 
 API_REQUESTS = Counter("paperlane_api_requests", "HTTP API requests by route and status",
                        ["method", "route", "status"])
@@ -13,3 +17,20 @@ API_SECONDS = Histogram("paperlane_api_request_seconds", "HTTP API request laten
                         ["method", "route"], buckets=(.005, .01, .02, .05, .1, .25, .5, 1, 2.5, 10, 60))
 API_PAGES = Counter("paperlane_api_pages_submitted", "pages registered through the API by lane", ["lane"])
 WEBHOOKS = Counter("paperlane_webhook_deliveries", "webhook tries by outcome", ["outcome"])
+
+# --- workers (served on metrics.port by each worker process) -----------------------------------------
+STAGE_SECONDS = Histogram("paperlane_stage_seconds", "seconds per page in each stage (upload, queue_wait, "
+                          "preprocess, inference, postprocess, store)", ["stage"],
+                          buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 120, 600))
+PAGES = Counter("paperlane_pages", "pages settled by this worker, by outcome (done, failed, retry, handed_back) "
+                "and failure reason (digits masked, so the reasons stay few)", ["outcome", "reason"])
+BATCH_SIZE = Histogram("paperlane_batch_size", "pages per engine call (micro-batch)",
+                       buckets=(1, 2, 4, 8, 16, 32, 64, 128))
+ENGINE_IN_FLIGHT = Gauge("paperlane_engine_pages_in_flight", "pages inside engine calls now")
+
+
+def reason_label(reason: str | None) -> str:
+    """A failure reason as a label: digits masked and cut short, so per-page details do not explode series."""
+    if not reason:
+        return ""
+    return re.sub(r"\d+(\.\d+)?", "#", reason)[:80]

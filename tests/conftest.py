@@ -217,7 +217,3 @@ def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
     database.upgrade()
     yield database
     database.dispose()
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "browser: drives a real headless Chromium (Debian's chromium, chromium-driver)")
