@@ -9,7 +9,8 @@
      ├── StorageError             object store or database failed
      │    ├── StorageUnavailable  cannot reach it (retryable)
      │    └── ObjectNotFound      a key that should exist does not
-     └── JobNotFound              no such job id
+     ├── JobNotFound              no such job id
+     └── WorkerStopping           the worker stopped before the page was done: back to its lane (retryable)
 
 Every error carries the pipeline ``stage`` it happened in and whether retrying may help.
 Third-party exceptions (boto3, redis, httpx, SQLAlchemy, OpenCV) are mapped onto this tree
@@ -86,6 +87,13 @@ class ObjectNotFound(StorageError):
 
 class JobNotFound(PaperlaneError):
     """No job has this id."""
+
+
+class WorkerStopping(PaperlaneError):
+    """The worker is stopping (SIGTERM) before this page was done: the page is handed back to its lane,
+    not failed, and the attempt does not count."""
+
+    default_retryable = True
 
 
 INTERNAL_REASON = "internal error (the worker log has the details)"

@@ -120,6 +120,9 @@ class WorkerSettings(BaseModel):
     annotated_format: ImageFormat = Field(ImageFormat.JPEG, description="the annotated image: jpeg (cheapest), "
                                           "webp (smallest, ~25x the CPU of jpeg) or png (lossless, ~15x)")
     annotated_max_side: int = Field(1000, ge=100, le=8000, description="longest side of the annotated image, px")
+    shutdown_grace: float = Field(25.0, ge=0, description="seconds a stopping worker (SIGTERM) lets its pages in "
+                                  "the engine finish before it hands them back too; keep it below the supervisor's "
+                                  "kill timeout (compose stop_grace_period, Kubernetes terminationGracePeriodSeconds)")
 
 
 class IngestSettings(BaseModel):

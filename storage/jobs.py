@@ -152,6 +152,13 @@ def record_retry(db: Database, job_id: str, reason: str, stage: str | None) -> N
             status=JobStatus.QUEUED.value, error=f"retrying: {reason}", error_stage=stage))
 
 
+def hand_back(db: Database, job_id: str) -> None:
+    """The attempt was cut short by its worker stopping: queued again, the attempt not counted."""
+    with db.session() as s:
+        s.execute(update(JobRow).where(JobRow.id == job_id, JobRow.status == JobStatus.RUNNING.value).values(
+            status=JobStatus.QUEUED.value, attempts=JobRow.attempts - 1))
+
+
 # The writes every page ends with, built once with bound parameters: SQLAlchemy compiles each
 # once, so a page's finish costs its round trips and little else (building the statements anew for
 # every page cost more CPU than the rest of the write). A stage time not given keeps the row's value.

@@ -4,6 +4,7 @@ Kept apart from the attempt itself (``workers.pipeline``) so the Celery task and
 runner apply the same rules: a retryable error (engine or storage unreachable) is tried again
 with exponential backoff up to ``max_attempts``; anything else fails the page at once with its
 readable reason. Unknown exceptions are logged with their traceback and stored as "internal error".
+A page cut short because its worker is stopping is handed back: queued again, the attempt not counted.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from enum import Enum
 
-from paperlane.errors import PaperlaneError, is_retryable, public_reason
+from paperlane.errors import PaperlaneError, WorkerStopping, is_retryable, public_reason
 from paperlane.settings import WorkerSettings
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
@@ -25,6 +26,7 @@ class Action(str, Enum):
     DONE = "done"  # succeeded and stored
     RETRY = "retry"  # try again after ``delay`` (the caller puts the page back on its lane then)
     FAILED = "failed"  # failed for good, the reason recorded
+    HANDED_BACK = "handed_back"  # its worker is stopping: queued, the attempt not counted (caller: back on its lane)
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,10 @@ def settle(db: Database, outcome: PageOutcome, cfg: WorkerSettings) -> Decision:
         return Decision(Action.DONE, finished_documents=tuple(outcome.finished_documents))
     exc = outcome.error
     reason = public_reason(exc)
+    if isinstance(exc, WorkerStopping):
+        jobstore.hand_back(db, job.id)
+        log.info("job %s handed back to its lane: %s", job.id, reason)
+        return Decision(Action.HANDED_BACK, reason=reason)
     stage = getattr(exc, "stage", None)
     if not isinstance(exc, PaperlaneError):
         log.error("job %s: unexpected error", job.id, exc_info=exc)

@@ -13,6 +13,10 @@ wait for pages that are not coming.
 This keeps Celery's per-message acks and priorities (each message is its own task) while the
 engine still sees batches; post-processing and storing run back on the task threads, overlapped
 with the next batch's inference.
+
+When the worker stops (``workers.shutdown``) the batcher is drained: pages not yet in the engine get
+``WorkerStopping`` at once and new ones are refused, batches in the engine run on; ``give_up`` hands
+back those too, and an answer that comes after that is dropped.
 """
 
 from __future__ import annotations
@@ -22,10 +26,10 @@ import itertools
 import logging
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 
-from paperlane.errors import EngineError, PaperlaneError
+from paperlane.errors import EngineError, PaperlaneError, WorkerStopping
 from paperlane.models.engine import Engine, EngineRequest, Outcome
 from paperlane.priority.lanes import Lane
 from paperlane.priority.policy import LanePolicy
@@ -75,7 +79,11 @@ class MicroBatcher:
         lock = threading.Lock()
         self._cond = threading.Condition(lock)
         self._urgent = threading.Condition(lock)
+        self._idle = threading.Condition(lock)  # a batch came back from the engine
         self._closed = False
+        self._draining = False  # the worker is stopping: no page goes into the engine any more
+        self._given_up = False
+        self._in_engine: dict[int, list[_Pending]] = {}  # batches in the engine, by their first page's seq
         self._expected = 0  # pages being preprocessed that will be submitted
         self.stats = BatcherStats()
         self._stats_lock = threading.Lock()
@@ -89,8 +97,12 @@ class MicroBatcher:
             thread.start()
 
     def expect(self) -> None:
-        """A page has started preprocessing: a batch may wait (up to ``max_wait``) for it."""
+        """A page has started preprocessing: a batch may wait (up to ``max_wait``) for it.
+
+        Raises WorkerStopping once the batcher is drained."""
         with self._cond:
+            if self._draining:
+                raise _stopping()
             self._expected += 1
 
     @property
@@ -106,9 +118,13 @@ class MicroBatcher:
             self._cond.notify_all()  # only dispatchers waiting for a batch to fill care, and they are few
 
     def submit(self, request: EngineRequest, *, priority: int) -> Future[tuple[Outcome, float]]:
-        """Queue one prepared page; the future gives its outcome and the seconds its batch took."""
+        """Queue one prepared page; the future gives its outcome and the seconds its batch took.
+
+        Raises WorkerStopping once the batcher is drained."""
         fut: Future[tuple[Outcome, float]] = Future()
         with self._cond:
+            if self._draining:
+                raise _stopping()
             if self._closed:
                 raise EngineError("worker is shutting down", stage="inference", retryable=True)
             self._expected = max(0, self._expected - 1)
@@ -119,13 +135,46 @@ class MicroBatcher:
                 self._urgent.notify()
         return fut
 
+    def drain(self) -> tuple[int, int]:
+        """The worker is stopping: hand back the pages waiting for the engine (their futures give
+        ``WorkerStopping``) and refuse new ones; batches in the engine run on. The pages handed back,
+        and those in the engine."""
+        with self._cond:
+            self._draining = True
+            waiting = [p for heap in self._heaps.values() for p in heap]
+            for heap in self._heaps.values():
+                heap.clear()
+            in_engine = sum(map(len, self._in_engine.values()))
+        _hand_back(waiting)
+        return len(waiting), in_engine
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the engine to have no batch of ours; whether it has none."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._in_engine:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+            return True
+
+    def give_up(self) -> int:
+        """Hand back the pages still in the engine (an answer that comes later is dropped); how many."""
+        with self._cond:
+            self._given_up = True
+            pages = [p for batch in self._in_engine.values() for p in batch]
+        return _hand_back(pages)
+
     def close(self) -> None:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
             self._urgent.notify_all()
+            # Dispatchers still waiting on the engine for pages handed back are not waited for.
+            timeout = 0.1 if self._given_up else 30
         for thread in self._threads:
-            thread.join(timeout=30)
+            thread.join(timeout=timeout)
 
     def _take(self, urgent_only: bool) -> list[_Pending] | None:
         with self._cond:
@@ -156,6 +205,8 @@ class MicroBatcher:
         while len(batch) < self._max_size and (lane := self._next_lane(urgent_only)) is not None:
             batch.append(heapq.heappop(self._heaps[lane]))
             self._policy.started(lane)
+        if batch:
+            self._in_engine[batch[0].seq] = batch
         return batch
 
     def _ready(self) -> int:
@@ -179,7 +230,8 @@ class MicroBatcher:
             except PaperlaneError as exc:
                 outcomes = [exc] * len(batch)
             except Exception as exc:  # an engine bug fails this batch's pages, not the worker
-                log.exception("engine failed on a batch of %d", len(batch))
+                if not self._given_up:  # after that, the engine may be closed under a batch: no news
+                    log.exception("engine failed on a batch of %d", len(batch))
                 outcomes = [exc] * len(batch)  # type: ignore[list-item]
             if len(outcomes) != len(batch):  # an engine bug must not leave pages waiting forever
                 log.error("engine returned %d outcomes for %d pages", len(outcomes), len(batch))
@@ -191,4 +243,25 @@ class MicroBatcher:
                 self.stats.pages += len(batch)
                 self.stats.busy_s += seconds
             for pending, outcome in zip(batch, outcomes):
-                pending.future.set_result((outcome, seconds))
+                _resolve(pending.future, (outcome, seconds))
+            with self._cond:
+                del self._in_engine[batch[0].seq]
+                self._idle.notify_all()
+
+
+def _stopping() -> WorkerStopping:
+    return WorkerStopping("the worker stopped before this page was done", stage="inference")
+
+
+def _hand_back(pages: list[_Pending]) -> int:
+    """Give each page ``WorkerStopping`` for its outcome (unless it has one already); how many got it."""
+    return sum(_resolve(p.future, (_stopping(), 0.0)) for p in pages)
+
+
+def _resolve(future: Future[tuple[Outcome, float]], result: tuple[Outcome, float]) -> bool:
+    """Set the page's outcome unless it has one (handed back, then answered late); whether it was set."""
+    try:
+        future.set_result(result)
+        return True
+    except InvalidStateError:
+        return False

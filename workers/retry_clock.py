@@ -49,8 +49,10 @@ class RetryClock:
             pubsub = delayed_client(self._url).pubsub(ignore_subscribe_messages=True)
             try:
                 pubsub.subscribe(DELAYED_CHANNEL)
-                while not self._stopping.is_set():
+                while True:
                     wait = self._release_due(delayed)
+                    if self._stopping.is_set():  # after one last release: pages its worker's stop handed back
+                        break
                     pubsub.get_message(timeout=wait)  # None: block until a page is delayed
                     backoff = 0.5
             except Exception as exc:  # Redis down or restarted: nothing is lost, the set is in Redis

@@ -31,6 +31,7 @@ from paperlane.workers.documents import write_outputs
 from paperlane.workers.lane_gate import ConsumerLanes, install_lane_gate
 from paperlane.workers.pipeline import Runtime, process_page
 from paperlane.workers.retry_clock import RetryClock
+from paperlane.workers.shutdown import install_graceful_stop
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ def register_tasks(app: Celery, runtime: Runtime, *, lanes: list[Lane] | None = 
         finally:
             scheduler.finished(lane)
 
+    install_graceful_stop(runtime.batcher, grace=runtime.settings.worker.shutdown_grace)
     clock.start()
     return parts
 
@@ -117,7 +119,7 @@ def _attempt(rt: Runtime, parts: WorkerParts, job_id: str, lane: Lane) -> str:
         log.info("job %s already finished; %d document outputs written", job_id, len(missing))
         return "duplicate"
     decision = settle(rt.db, process_page(rt, job), rt.settings.worker)
-    if decision.action is Action.RETRY:
+    if decision.action in (Action.RETRY, Action.HANDED_BACK):  # handed back: its worker is stopping, due now
         _delay(parts, DelayedPage(job.id, Lane(job.lane), job.priority), decision.delay)
     for document_id in decision.finished_documents:
         _document_outputs(rt, document_id)
