@@ -264,6 +264,7 @@ def worker(
 ) -> None:
     """Run a Celery worker that keeps one OCR engine resident and processes queued pages."""
     from paperlane.priority.broker import make_celery
+    from paperlane.workers.metrics import serve as serve_metrics
     from paperlane.workers.pipeline import Runtime
     from paperlane.workers.tasks import register_tasks
 
@@ -273,6 +274,7 @@ def worker(
     rt = Runtime.start(settings)
     app_ = make_celery(settings)
     parts = register_tasks(app_, rt, lanes=lanes)
+    serve_metrics(settings)
     argv = ["worker", "--pool=threads", f"--concurrency={rt.slots}", "--without-gossip",
             "--without-mingle",
             f"--queues={','.join(lane.queue for lane in lanes)}", f"--loglevel={settings.log_level}"]
@@ -377,6 +379,9 @@ def _job_view(row: JobRow | None, job_id: str, store: ObjectStore) -> dict[str, 
         "task": row.task, "source": row.source,
         "page": row.page, "attempts": row.attempts, "error": row.error, "error_stage": row.error_stage,
         "engine": row.engine, "timings": job_timings(row),
+        "worker": row.worker if row.status == JobStatus.RUNNING.value else None,
+        "lease_until": row.lease_until.isoformat() if row.status == JobStatus.RUNNING.value and row.lease_until
+        else None,
         "result": store.url(row.result_key) if row.result_key else None,
         "annotated": store.url(row.annotated_key) if row.annotated_key else None,
         "created_at": row.created_at.isoformat() if row.created_at else None,
@@ -392,6 +397,8 @@ def _print_job(v: dict[str, Any]) -> None:
         return
     out.print(f"  {v['source']} page {v['page']}  lane={v['lane']} task={v['task']} attempts={v['attempts']}",
               highlight=False)
+    if v["worker"]:
+        out.print(f"  held by {v['worker']} (lease until {v['lease_until']})", highlight=False)
     if v["error"]:
         out.print(f"  error ({v['error_stage'] or '?'}): {v['error']}", highlight=False)
     if v["timings"]:

@@ -120,6 +120,11 @@ class WorkerSettings(BaseModel):
     annotated_format: ImageFormat = Field(ImageFormat.JPEG, description="the annotated image: jpeg (cheapest), "
                                           "webp (smallest, ~25x the CPU of jpeg) or png (lossless, ~15x)")
     annotated_max_side: int = Field(1000, ge=100, le=8000, description="longest side of the annotated image, px")
+    lease: float = Field(30.0, gt=0, description="seconds a running page stays its worker's without a renewal; "
+                         "the worker renews every third of it, and any worker takes back a page whose lease ran out "
+                         "(its worker died or hung): back to its lane, the attempt counted")
+    page_timeout: float = Field(900.0, gt=0, description="seconds a worker keeps renewing one page's lease: a page "
+                                "held longer (a hung engine call) is let go, and taken back like a dead worker's")
     shutdown_grace: float = Field(25.0, ge=0, description="seconds a stopping worker (SIGTERM) lets its pages in "
                                   "the engine finish before it hands them back too; keep it below the supervisor's "
                                   "kill timeout (compose stop_grace_period, Kubernetes terminationGracePeriodSeconds)")

@@ -42,7 +42,9 @@ def make_celery(settings: Settings) -> Celery:
         accept_content=["json"],
         worker_prefetch_multiplier=1,
         worker_hijack_root_logger=False,
-        worker_send_task_events=False,
+        # Celery events on (Flower, `celery events`): a small message per task a worker receives, starts and
+        # ends. Not "task-sent": a bulk submit would publish one more message per page.
+        worker_send_task_events=True,
         broker_heartbeat=0,
     )
     return app

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import ColumnElement, bindparam, func, select, update
@@ -17,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from paperlane.errors import JobNotFound
 from paperlane.schemas import JobStatus, PageResult, Stage
 from paperlane.storage import ingests
-from paperlane.storage.db import Database, get_row, utcnow
+from paperlane.storage.db import Database, as_utc, get_row, utcnow
 from paperlane.storage.tables import JobRow, ResultRow
 
 STAGE_COLUMNS: dict[Stage, str] = {stage: f"{stage.value}_s" for stage in Stage}
@@ -94,7 +95,8 @@ def get_jobs(db: Database, job_ids: Iterable[str]) -> list[JobRow]:
     return [rows[i] for i in ids if i in rows]
 
 
-def start_attempt(db: Database, job_id: str, *, max_attempts: int | None) -> JobRow | None:
+def start_attempt(db: Database, job_id: str, *, max_attempts: int | None, worker: str | None = None,
+                  lease: float | None = None) -> JobRow | None:
     """Mark the job running and count the attempt; None when there is nothing to do.
 
     Nothing to do: the job already finished (a redelivered message), or its earlier attempts all
@@ -105,14 +107,15 @@ def start_attempt(db: Database, job_id: str, *, max_attempts: int | None) -> Job
     that finds nothing to start, to say why.
     """
     now = utcnow()
-    startable = JobRow.status == JobStatus.QUEUED.value
-    if max_attempts is None:
-        startable = startable | (JobRow.status == JobStatus.RUNNING.value)
-    else:
-        startable = startable | ((JobRow.status == JobStatus.RUNNING.value) & (JobRow.attempts < max_attempts))
-    stmt = (update(JobRow).where(JobRow.id == job_id, startable)
+    # Running is startable again only when no live lease holds it: a message delivered twice (Redis hands an
+    # un-acked message out again after its visibility timeout) must not start a page its worker still runs.
+    running = (JobRow.status == JobStatus.RUNNING.value) & (JobRow.lease_until.is_(None) | (JobRow.lease_until < now))
+    if max_attempts is not None:
+        running = running & (JobRow.attempts < max_attempts)
+    stmt = (update(JobRow).where(JobRow.id == job_id, (JobRow.status == JobStatus.QUEUED.value) | running)
             .values(status=JobStatus.RUNNING.value, attempts=JobRow.attempts + 1, started_at=now,
-                    queue_wait_s=func.coalesce(JobRow.queue_wait_s, _seconds_since(JobRow.created_at, now, db)))
+                    queue_wait_s=func.coalesce(JobRow.queue_wait_s, _seconds_since(JobRow.created_at, now, db)),
+                    worker=worker, lease_until=now + timedelta(seconds=lease) if lease else None)
             .returning(JobRow))
     with db.session() as s:
         row = s.scalars(stmt, execution_options={"synchronize_session": False}).one_or_none()
@@ -136,7 +139,9 @@ def _not_started(s: Any, job_id: str, max_attempts: int | None, now: Any) -> Non
     row = s.get(JobRow, job_id, with_for_update=True)
     if row is None:
         raise JobNotFound(f"no job with id {job_id}")
-    if max_attempts is not None and row.status == JobStatus.RUNNING.value and row.attempts >= max_attempts:
+    lease_live = row.lease_until is not None and as_utc(row.lease_until) >= now
+    if (max_attempts is not None and row.status == JobStatus.RUNNING.value and row.attempts >= max_attempts
+            and not lease_live):
         row.status = JobStatus.FAILED.value
         row.error = f"processing stopped the worker {row.attempts} times; giving up on this page"
         row.error_stage = row.error_stage or "inference"

@@ -1,6 +1,6 @@
 """Leases on running jobs: no page stays ``running`` because its worker died or hung.
 
-A worker takes a job with a lease (``hold``) and pushes the leases of the jobs it holds ahead every few
+A worker takes a job with a lease (``jobs.start_attempt``) and pushes the leases of the jobs it holds ahead every few
 seconds (``renew``, one UPDATE for all of them). Any worker takes back the jobs whose lease ran out
 (``take_back``, one UPDATE ... RETURNING, so two workers never take back the same job): back to
 ``queued`` with the attempt counted, for the caller to put on its lane again, or failed with the reason
@@ -10,7 +10,7 @@ once the attempts are used up. A worker that hangs stops renewing, exactly as a 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from sqlalchemy import and_, update
 
@@ -29,12 +29,6 @@ class TakenBack:
     priority: int
     worker: str | None
     failed: bool  # its attempts were used up: failed with the reason, not queued again
-
-
-def hold(db: Database, job_id: str, *, worker: str, until: datetime) -> None:
-    with db.session() as s:
-        s.execute(update(_JOBS).where(_JOBS.c.id == job_id, _JOBS.c.status == JobStatus.RUNNING.value)
-                  .values(worker=worker, lease_until=until))
 
 
 def renew(db: Database, job_ids: list[str], *, worker: str, until: datetime) -> int:
@@ -67,10 +61,6 @@ def take_back(db: Database, *, now: datetime, max_attempts: int, limit: int = 50
             jobstore.finish_failed(db, job_id, reason, "worker")
         out.append(TakenBack(job_id, lane, int(priority), worker, failed))
     return out
-
-
-def lease_end(now: datetime, seconds: float) -> datetime:
-    return now + timedelta(seconds=seconds)
 
 
 def unpublished(db: Database, *, before: datetime, limit: int = 500) -> list[tuple[str, str, int]]:

@@ -27,8 +27,9 @@ def test_a_lapsed_lease_goes_back_to_its_lane_and_a_live_one_stays(db: Database,
     a, b = _jobs(db, tmp_path, 2)
     now = utcnow()
     for job_id, worker in ((a, "w1"), (b, "w2")):
-        assert jobstore.start_attempt(db, job_id, max_attempts=3) is not None
-        leases.hold(db, job_id, worker=worker, until=now + timedelta(seconds=5))
+        assert jobstore.start_attempt(db, job_id, max_attempts=3, worker=worker, lease=5) is not None
+    # A second delivery of a's message while w1 holds it does not start it again.
+    assert jobstore.start_attempt(db, a, max_attempts=3, worker="w3", lease=5) is None
     assert leases.renew(db, [a, b], worker="w1", until=now + timedelta(seconds=60)) == 1  # w1 holds only a
     later = now + timedelta(seconds=10)
     [back] = leases.take_back(db, now=later, max_attempts=3)
@@ -47,9 +48,8 @@ def test_a_lapsed_lease_goes_back_to_its_lane_and_a_live_one_stays(db: Database,
 def test_a_page_whose_worker_keeps_dying_fails_with_the_reason(db: Database, tmp_path: Path) -> None:
     [job_id] = _jobs(db, tmp_path, 1)
     for attempt in range(1, 3):
-        assert jobstore.start_attempt(db, job_id, max_attempts=2) is not None
-        leases.hold(db, job_id, worker=f"w{attempt}", until=utcnow() - timedelta(seconds=1))
-        [back] = leases.take_back(db, now=utcnow(), max_attempts=2)
+        assert jobstore.start_attempt(db, job_id, max_attempts=2, worker=f"w{attempt}", lease=1) is not None
+        [back] = leases.take_back(db, now=utcnow() + timedelta(seconds=2), max_attempts=2)
         assert back.failed is (attempt == 2)
     row = jobstore.get_job(db, job_id)
     assert row.status == JobStatus.FAILED.value and "w2" in (row.error or "") and row.error_stage == "worker"

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from paperlane.errors import PaperlaneError, WorkerStopping, is_retryable, public_reason
+from paperlane.metrics import PAGES, STAGE_SECONDS, reason_label
 from paperlane.settings import WorkerSettings
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
@@ -39,6 +40,15 @@ class Decision:
 
 def settle(db: Database, outcome: PageOutcome, cfg: WorkerSettings) -> Decision:
     """Record the outcome of an attempt and say what happens next."""
+    decision = _settle(db, outcome, cfg)
+    PAGES.labels(decision.action.value, reason_label(decision.reason)).inc()
+    if decision.action in (Action.DONE, Action.FAILED):
+        for stage, seconds in outcome.timings.items():
+            STAGE_SECONDS.labels(stage).observe(seconds)
+    return decision
+
+
+def _settle(db: Database, outcome: PageOutcome, cfg: WorkerSettings) -> Decision:
     job = outcome.job
     if outcome.error is None:
         log.info("job %s succeeded attempt=%d %s", job.id, job.attempts, _fmt(outcome.timings))

@@ -30,6 +30,7 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 
 from paperlane.errors import EngineError, PaperlaneError, WorkerStopping
+from paperlane.metrics import BATCH_SIZE, ENGINE_IN_FLIGHT
 from paperlane.models.engine import Engine, EngineRequest, Outcome
 from paperlane.priority.lanes import Lane
 from paperlane.priority.policy import LanePolicy
@@ -225,6 +226,8 @@ class MicroBatcher:
     def _loop(self, urgent_only: bool = False) -> None:
         while (batch := self._take(urgent_only)) is not None:
             t0 = time.perf_counter()
+            BATCH_SIZE.observe(len(batch))
+            ENGINE_IN_FLIGHT.inc(len(batch))
             try:
                 outcomes: list[Outcome] = list(self._engine.infer([p.request for p in batch]))
             except PaperlaneError as exc:
@@ -233,6 +236,8 @@ class MicroBatcher:
                 if not self._given_up:  # after that, the engine may be closed under a batch: no news
                     log.exception("engine failed on a batch of %d", len(batch))
                 outcomes = [exc] * len(batch)  # type: ignore[list-item]
+            finally:
+                ENGINE_IN_FLIGHT.dec(len(batch))
             if len(outcomes) != len(batch):  # an engine bug must not leave pages waiting forever
                 log.error("engine returned %d outcomes for %d pages", len(outcomes), len(batch))
                 missing = EngineError("the engine returned no answer for this page", stage="inference")

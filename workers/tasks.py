@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 from dataclasses import dataclass
 
 from celery import Celery, Task
@@ -29,6 +31,7 @@ from paperlane.storage import jobs as jobstore
 from paperlane.workers.attempts import Action, settle
 from paperlane.workers.documents import write_outputs
 from paperlane.workers.lane_gate import ConsumerLanes, install_lane_gate
+from paperlane.workers.leases import LeaseKeeper
 from paperlane.workers.pipeline import Runtime, process_page
 from paperlane.workers.retry_clock import RetryClock
 from paperlane.workers.shutdown import install_graceful_stop
@@ -45,8 +48,10 @@ class WorkerParts:
     delayed: DelayedPages
     clock: RetryClock
     dead_letters: DeadLetters
+    leases: LeaseKeeper
 
     def close(self) -> None:
+        self.leases.stop()
         self.clock.stop()
         self.delayed.close()
         self.dead_letters.close()
@@ -69,7 +74,8 @@ def register_tasks(app: Celery, runtime: Runtime, *, lanes: list[Lane] | None = 
                 send_page(app, page.job_id, page.lane, page.priority, producer=producer)
 
     clock = RetryClock(runtime.settings.redis.url, publish)
-    parts = WorkerParts(scheduler, delayed, clock, DeadLetters.from_url(runtime.settings.redis.url))
+    keeper = LeaseKeeper(runtime.db, delayed, runtime.settings.worker, worker=f"{socket.gethostname()}:{os.getpid()}")
+    parts = WorkerParts(scheduler, delayed, clock, DeadLetters.from_url(runtime.settings.redis.url), keeper)
 
     @app.task(name=TASK_PROCESS_PAGE, bind=True, acks_late=True)
     def process_page_task(self: Task, job_id: str) -> str:
@@ -81,6 +87,7 @@ def register_tasks(app: Celery, runtime: Runtime, *, lanes: list[Lane] | None = 
 
     install_graceful_stop(runtime.batcher, grace=runtime.settings.worker.shutdown_grace)
     clock.start()
+    keeper.start()
     return parts
 
 
@@ -105,7 +112,8 @@ def handle_page(rt: Runtime, parts: WorkerParts, job_id: str, lane: Lane, delive
 
 def _attempt(rt: Runtime, parts: WorkerParts, job_id: str, lane: Lane) -> str:
     try:
-        job = jobstore.start_attempt(rt.db, job_id, max_attempts=rt.settings.worker.max_attempts)
+        job = jobstore.start_attempt(rt.db, job_id, max_attempts=rt.settings.worker.max_attempts,
+                                     worker=parts.leases.worker, lease=rt.settings.worker.lease)
     except JobNotFound as exc:
         message = json.dumps({"task": TASK_PROCESS_PAGE, "args": [job_id]})
         parts.dead_letters.add(message, reason=str(exc), queue=lane.queue)
@@ -118,7 +126,11 @@ def _attempt(rt: Runtime, parts: WorkerParts, job_id: str, lane: Lane) -> str:
             _document_outputs(rt, document_id)
         log.info("job %s already finished; %d document outputs written", job_id, len(missing))
         return "duplicate"
-    decision = settle(rt.db, process_page(rt, job), rt.settings.worker)
+    parts.leases.hold(job.id)
+    try:
+        decision = settle(rt.db, process_page(rt, job), rt.settings.worker)
+    finally:
+        parts.leases.release(job.id)
     if decision.action in (Action.RETRY, Action.HANDED_BACK):  # handed back: its worker is stopping, due now
         _delay(parts, DelayedPage(job.id, Lane(job.lane), job.priority), decision.delay)
     for document_id in decision.finished_documents:

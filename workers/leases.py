@@ -1,0 +1,89 @@
+"""A worker's lease keeper: renews the leases of the pages it runs, takes back pages whose lease ran out.
+
+One thread per worker. Every third of ``worker.lease`` it pushes the leases of the pages it holds ahead
+(one UPDATE), except a page held longer than ``worker.page_timeout`` (a hung engine call): that one is let
+go, and taken back like a dead worker's. Then it takes back every page whose lease ran out, whoever held
+it, and puts it on its lane through the delayed set (due at once); and once a minute it publishes queued
+pages whose message never went out (a producer or worker died in between). A page whose attempts are used
+up is failed with the reason instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import timedelta
+
+from paperlane.errors import StorageUnavailable
+from paperlane.priority.delayed import DelayedPage, DelayedPages
+from paperlane.priority.lanes import Lane
+from paperlane.settings import WorkerSettings
+from paperlane.storage import jobs as jobstore
+from paperlane.storage import leases
+from paperlane.storage.db import Database, utcnow
+
+log = logging.getLogger(__name__)
+
+_SWEEP_EVERY = 60.0  # seconds between looks for unpublished pages
+_UNPUBLISHED_AFTER = 60.0  # a page registered or taken back this long ago whose message is still not out
+
+
+class LeaseKeeper:
+    def __init__(self, db: Database, delayed: DelayedPages, cfg: WorkerSettings, *, worker: str) -> None:
+        self.db, self.delayed, self.cfg, self.worker = db, delayed, cfg, worker
+        self._held: dict[str, float] = {}  # job id -> when this worker started it (monotonic)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="leases", daemon=True)
+        self._swept = time.monotonic()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def hold(self, job_id: str) -> None:
+        with self._lock:
+            self._held[job_id] = time.monotonic()
+
+    def release(self, job_id: str) -> None:
+        with self._lock:
+            self._held.pop(job_id, None)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.cfg.lease / 3):
+            try:
+                self.tick()
+            except StorageUnavailable as exc:
+                log.warning("leases: %s", exc)
+            except Exception:
+                log.exception("leases")
+
+    def tick(self) -> None:
+        """Renew, take back, and now and then publish what never went out."""
+        now = time.monotonic()
+        with self._lock:
+            live = [j for j, since in self._held.items() if now - since < self.cfg.page_timeout]
+            hung = len(self._held) - len(live)
+        if hung:
+            log.warning("leases: %d pages held past page_timeout (%.0fs) are let go", hung, self.cfg.page_timeout)
+        at = utcnow()
+        leases.renew(self.db, live, worker=self.worker, until=at + timedelta(seconds=self.cfg.lease))
+        back = leases.take_back(self.db, now=at, max_attempts=self.cfg.max_attempts)
+        for page in back:
+            log.warning("job %s: its lease (held by %s) ran out; %s", page.job_id, page.worker or "?",
+                        "failed, its attempts used up" if page.failed else "back on its lane")
+        self._publish([(p.job_id, p.lane, p.priority) for p in back if not p.failed])
+        if now - self._swept >= _SWEEP_EVERY:
+            self._swept = now
+            self._publish(leases.unpublished(self.db, before=at - timedelta(seconds=_UNPUBLISHED_AFTER)))
+
+    def _publish(self, pages: list[tuple[str, str, int]]) -> None:
+        if not pages:
+            return
+        for job_id, lane, priority in pages:
+            self.delayed.add(DelayedPage(job_id, Lane(lane), priority), 0)
+        jobstore.mark_enqueued(self.db, [job_id for job_id, _, _ in pages])
