@@ -72,3 +72,12 @@ def unpublished(db: Database, *, before: datetime, limit: int = 500) -> list[tup
         rows = s.execute(_JOBS.select().with_only_columns(j.id, j.lane, j.priority).where(
             j.status == JobStatus.QUEUED.value, j.enqueued_at.is_(None), j.updated_at < before).limit(limit)).all()
     return [(r[0], r[1], int(r[2])) for r in rows]
+
+
+def queued_before(db: Database, *, before: datetime, limit: int = 1000) -> list[tuple[str, str, int]]:
+    """(job id, lane, priority) of queued jobs whose message went out before ``before`` (oldest first)."""
+    j = _JOBS.c
+    with db.session() as s:
+        rows = s.execute(_JOBS.select().with_only_columns(j.id, j.lane, j.priority).where(
+            j.status == JobStatus.QUEUED.value, j.enqueued_at < before).order_by(j.enqueued_at).limit(limit)).all()
+    return [(r[0], r[1], int(r[2])) for r in rows]

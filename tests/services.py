@@ -83,6 +83,11 @@ class Service:
     log: Path | None = None
     cleanup: Path | None = None
     ports: dict[str, int] = field(default_factory=dict)
+    restart_cmd: list[str] = field(default_factory=list)
+
+    def restart(self) -> None:
+        """Stop and start again on the same port and data (PostgreSQL: its fast restart)."""
+        subprocess.run(self.restart_cmd, check=True, capture_output=True, timeout=120)
 
     def stop(self) -> None:
         if self.stop_cmd:
@@ -97,16 +102,19 @@ class Service:
             shutil.rmtree(self.cleanup, ignore_errors=True)
 
 
-def start_redis(root: Path) -> Service:
+def start_redis(root: Path, *, durable: bool = False, ports_from: Service | None = None) -> Service:
+    """A private Redis; ``durable``: an append-only file, so a restart (``ports_from``: the stopped one, its port
+    and folder) keeps what was queued, as production's does."""
     exe = _binary("redis-server")
-    port = free_port()
+    port = ports_from.ports["redis"] if ports_from else free_port()
     root.mkdir(parents=True, exist_ok=True)
     log = root / "redis.log"
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", str(root)], stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    aof = ["--appendonly", "yes", "--appendfsync", "everysec"] if durable else ["--appendonly", "no"]
+    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", *aof,
+                             "--dir", str(root)], stdout=log.open("ab"), stderr=subprocess.STDOUT)
     url = f"redis://127.0.0.1:{port}/0"
     _wait(lambda: redis.Redis.from_url(url).ping(), "redis")
-    return Service("redis", url, proc, log=log)
+    return Service("redis", url, proc, log=log, ports={"redis": port})
 
 
 def start_postgres(root: Path) -> Service:
@@ -131,7 +139,8 @@ def start_postgres(root: Path) -> Service:
     _wait(lambda: psycopg2.connect(host="127.0.0.1", port=port, user="postgres", dbname="postgres").close() or True,
           "postgres")
     return Service("postgres", url, stop_cmd=[*as_user, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], log=log,
-                   cleanup=root)
+                   cleanup=root, restart_cmd=[*as_user, pg_ctl, "-D", str(data), "-o", opts, "-l", str(log), "-w",
+                                              "-m", "fast", "restart"])
 
 
 def start_seaweedfs(root: Path, *, ports_from: Service | None = None) -> Service:

@@ -53,3 +53,37 @@ def test_a_page_whose_worker_keeps_dying_fails_with_the_reason(db: Database, tmp
         assert back.failed is (attempt == 2)
     row = jobstore.get_job(db, job_id)
     assert row.status == JobStatus.FAILED.value and "w2" in (row.error or "") and row.error_stage == "worker"
+
+
+def test_a_queued_page_whose_message_redis_lost_is_published_again(stack_factory) -> None:
+    import redis
+
+    from paperlane.priority.delayed import DelayedPages
+    from paperlane.priority.lanes import DELAYED_KEY, Lane, broker_keys
+    from paperlane.priority.messages import page_job_id
+    from paperlane.settings import WorkerSettings
+    from paperlane.storage.tables import JobRow
+    from paperlane.workers.leases import LeaseKeeper
+    from tests.test_scheduling import Producer
+
+    stack = stack_factory()
+    producer = Producer(stack)
+    ids = producer.submit(range(3), Lane.BATCH)
+    with producer.db.session() as s:  # published ten minutes ago
+        for row in s.query(JobRow).filter(JobRow.id.in_(ids)):
+            row.enqueued_at = utcnow() - timedelta(minutes=10)
+    client = redis.Redis.from_url(stack.settings.redis.url)
+    [key] = [k for k in broker_keys(Lane.BATCH) if client.llen(k)]
+    lost = next(m for m in client.lrange(key, 0, -1) if page_job_id(m) == ids[1])
+    client.lrem(key, 1, lost)  # popped, and its worker killed before it was recorded as un-acked
+    delayed = DelayedPages.from_url(stack.settings.redis.url)
+    keeper = LeaseKeeper(producer.db, delayed, WorkerSettings(), worker="w", redis_url=stack.settings.redis.url)
+    try:
+        keeper.sweep()
+        assert [m.decode().split()[0] for m in client.zrange(DELAYED_KEY, 0, -1)] == [ids[1]]
+        keeper.sweep()  # found in Redis now (delayed): not published twice
+        assert client.zcard(DELAYED_KEY) == 1
+        assert sorted(page_job_id(m) for m in client.lrange(key, 0, -1)) == sorted([ids[0], ids[2]])
+    finally:
+        keeper.stop()
+        delayed.close()

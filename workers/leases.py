@@ -3,9 +3,10 @@
 One thread per worker. Every third of ``worker.lease`` it pushes the leases of the pages it holds ahead
 (one UPDATE), except a page held longer than ``worker.page_timeout`` (a hung engine call): that one is let
 go, and taken back like a dead worker's. Then it takes back every page whose lease ran out, whoever held
-it, and puts it on its lane through the delayed set (due at once); and once a minute it publishes queued
-pages whose message never went out (a producer or worker died in between). A page whose attempts are used
-up is failed with the reason instead.
+it, and puts it on its lane through the delayed set (due at once); a page whose attempts are used up is
+failed with the reason instead. Once a minute it also publishes queued pages whose message never went
+out (a producer or worker died in between), and queued pages whose message Redis lost
+(``priority.presence``).
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
+
+import redis
 
 from paperlane.errors import StorageUnavailable
 from paperlane.priority.delayed import DelayedPage, DelayedPages
 from paperlane.priority.lanes import Lane
+from paperlane.priority.presence import jobs_in_redis
 from paperlane.settings import WorkerSettings
 from paperlane.storage import jobs as jobstore
 from paperlane.storage import leases
@@ -25,25 +29,31 @@ from paperlane.storage.db import Database, utcnow
 
 log = logging.getLogger(__name__)
 
-_SWEEP_EVERY = 60.0  # seconds between looks for unpublished pages
+_SWEEP_EVERY = 60.0  # seconds between looks for pages without a message
 _UNPUBLISHED_AFTER = 60.0  # a page registered or taken back this long ago whose message is still not out
+_LOST_AFTER = 120.0  # a queued page published this long ago with no message left in Redis
+_LOST_CHECK_LIMIT = 5000  # Redis is read whole for it only while it holds at most this many messages
 
 
 class LeaseKeeper:
-    def __init__(self, db: Database, delayed: DelayedPages, cfg: WorkerSettings, *, worker: str) -> None:
+    def __init__(self, db: Database, delayed: DelayedPages, cfg: WorkerSettings, *, worker: str,
+                 redis_url: str) -> None:
         self.db, self.delayed, self.cfg, self.worker = db, delayed, cfg, worker
         self._held: dict[str, float] = {}  # job id -> when this worker started it (monotonic)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="leases", daemon=True)
         self._swept = time.monotonic()
+        self.redis = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        self.redis.close()
 
     def hold(self, job_id: str) -> None:
         with self._lock:
@@ -79,7 +89,28 @@ class LeaseKeeper:
         self._publish([(p.job_id, p.lane, p.priority) for p in back if not p.failed])
         if now - self._swept >= _SWEEP_EVERY:
             self._swept = now
-            self._publish(leases.unpublished(self.db, before=at - timedelta(seconds=_UNPUBLISHED_AFTER)))
+            self.sweep()
+
+    def sweep(self) -> None:
+        """Publish the queued pages without a message: never sent, or lost by Redis."""
+        at = utcnow()
+        self._publish(leases.unpublished(self.db, before=at - timedelta(seconds=_UNPUBLISHED_AFTER)))
+        self._publish(self._lost(at))
+
+    def _lost(self, at: datetime) -> list[tuple[str, str, int]]:
+        """Queued pages whose message is nowhere in Redis (lost between a pop and its un-acked record, by a
+        worker killed or Redis stopped right then). Redis is read first: a page started since is not queued."""
+        try:
+            present = jobs_in_redis(self.redis, limit=_LOST_CHECK_LIMIT)
+        except redis.RedisError as exc:
+            raise StorageUnavailable(f"redis: {exc}") from exc
+        if present is None:
+            return []
+        lost = [p for p in leases.queued_before(self.db, before=at - timedelta(seconds=_LOST_AFTER))
+                if p[0] not in present]
+        if lost:
+            log.warning("leases: %d queued pages had no message left in Redis; published again", len(lost))
+        return lost
 
     def _publish(self, pages: list[tuple[str, str, int]]) -> None:
         if not pages:

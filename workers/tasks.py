@@ -74,7 +74,8 @@ def register_tasks(app: Celery, runtime: Runtime, *, lanes: list[Lane] | None = 
                 send_page(app, page.job_id, page.lane, page.priority, producer=producer)
 
     clock = RetryClock(runtime.settings.redis.url, publish)
-    keeper = LeaseKeeper(runtime.db, delayed, runtime.settings.worker, worker=f"{socket.gethostname()}:{os.getpid()}")
+    keeper = LeaseKeeper(runtime.db, delayed, runtime.settings.worker, worker=f"{socket.gethostname()}:{os.getpid()}",
+                         redis_url=runtime.settings.redis.url)
     parts = WorkerParts(scheduler, delayed, clock, DeadLetters.from_url(runtime.settings.redis.url), keeper)
 
     @app.task(name=TASK_PROCESS_PAGE, bind=True, acks_late=True)
