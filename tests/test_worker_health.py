@@ -91,3 +91,29 @@ def test_a_page_whose_engine_call_hangs_is_let_go_and_fails_with_the_reason(stac
         assert worker.alive()
     finally:
         engine.stop()
+
+
+def test_a_retried_page_takes_the_engines_answer_from_its_earlier_attempt(stack_factory: Callable[..., Stack],
+                                                                          worker_factory, tmp_path: Path) -> None:
+    from paperlane.models.engine import EngineOutput
+    from paperlane.schemas import Line
+    from paperlane.storage.tables import JobRow
+    from paperlane.workers.answers import EngineAnswers
+
+    stack = stack_factory()
+    engine = start_sim_engine(tmp_path / "engine", slots=4, latency=0.2)
+    try:
+        producer = Producer(stack)
+        [job_id] = producer.submit([9], Lane.BATCH)
+        with producer.db.session() as s:  # its first attempt died after the engine answered
+            s.get(JobRow, job_id).attempts = 1  # type: ignore[union-attr]
+        answers = EngineAnswers(stack.settings.redis.url)
+        answers.put(job_id, EngineOutput(text="kept answer", lines=[Line(text="kept answer")], seconds=0.3))
+        answers.close()
+        worker_factory(stack, "--engine", "vllm", "--engine-url", engine.url)
+        [row] = producer.wait([job_id], timeout=60).values()
+        assert row.status == JobStatus.SUCCEEDED.value and row.attempts == 2
+        assert json.loads(producer.store.get(row.result_key))["text"] == "kept answer"  # type: ignore[arg-type]
+        assert engine.stats(per_image=False)["requests"] == 0
+    finally:
+        engine.stop()

@@ -29,6 +29,7 @@ from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
 from paperlane.storage.objects import ObjectStore, annotated_key, open_store, result_key
 from paperlane.storage.tables import JobRow
+from paperlane.workers.answers import EngineAnswers
 from paperlane.workers.batcher import MicroBatcher
 from paperlane.workers.cpu_pool import CpuPool, Prepared
 from paperlane.workers.postprocess import build_result
@@ -54,6 +55,7 @@ class Runtime:
     # and encodes, so a few threads keep the cores busy without a thread per page competing for them.
     render: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
         max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="render"))
+    answers: EngineAnswers | None = None  # workers keep engine answers in Redis; `paperlane run` does not
 
     @classmethod
     def start(cls, settings: Settings, *, engine: Engine | None = None) -> Runtime:
@@ -84,6 +86,8 @@ class Runtime:
         self.pool.close()
         self.render.shutdown(wait=True)
         self.engine.close()
+        if self.answers is not None:
+            self.answers.close()
         self.db.dispose()
 
 
@@ -120,11 +124,14 @@ def _attempt(rt: Runtime, job: JobRow, timings: dict[str, float]) -> PageOutcome
     urgent = job.lane == Lane.INTERACTIVE.value  # never queue behind the backlog's preprocessing
     rt.batcher.expect()
     pending = None
+    kept = None
     try:
         prep = _prepared(rt, job, urgent=urgent)
         timings[Stage.PREPROCESS.value] = prep.seconds
         ready = time.perf_counter()
-        if prep.page is not None:
+        # A retried page may have been answered already (its worker died before storing the result).
+        kept = rt.answers.get(job.id) if rt.answers is not None and job.attempts > 1 else None
+        if prep.page is not None and kept is None:
             pending = rt.batcher.submit(EngineRequest(image=prep.page.image, spec=spec, priority=job.priority),
                                        priority=job.priority)
     finally:
@@ -132,6 +139,10 @@ def _attempt(rt: Runtime, job: JobRow, timings: dict[str, float]) -> PageOutcome
         # taken back on every path, or each later batch waits its full batch_wait for it.
         if pending is None:
             rt.batcher.unexpect()
+    if prep.page is not None and kept is not None:
+        log.info("job %s: the engine's answer from an earlier attempt is used", job.id)
+        timings[Stage.INFERENCE.value] = kept.seconds or 0.0
+        return _finish(rt, job, spec, prep.page, kept, timings)
     if prep.page is None or pending is None:
         if prep.traceback:
             log.error("job %s: unexpected error while preprocessing\n%s", job.id, prep.traceback.rstrip())
@@ -143,6 +154,8 @@ def _attempt(rt: Runtime, job: JobRow, timings: dict[str, float]) -> PageOutcome
     waited = max(0.0, time.perf_counter() - ready - own)
     timings[Stage.QUEUE_WAIT.value] = timings.get(Stage.QUEUE_WAIT.value, 0.0) + waited
     if isinstance(outcome, EngineOutput):
+        if rt.answers is not None:
+            rt.answers.put(job.id, outcome)
         return _finish(rt, job, spec, prep.page, outcome, timings)
     if not isinstance(outcome, Exception):  # an engine broke its contract: say what it gave, not a traceback
         log.error("job %s: the engine returned %s, not a result", job.id, type(outcome).__name__)

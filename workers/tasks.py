@@ -28,6 +28,7 @@ from paperlane.priority.policy import LanePolicy
 from paperlane.priority.scheduler import LaneScheduler
 from paperlane.storage import ingests
 from paperlane.storage import jobs as jobstore
+from paperlane.workers.answers import EngineAnswers
 from paperlane.workers.attempts import Action, settle
 from paperlane.workers.documents import write_outputs
 from paperlane.workers.lane_gate import ConsumerLanes, install_lane_gate
@@ -74,6 +75,7 @@ def register_tasks(app: Celery, runtime: Runtime, *, lanes: list[Lane] | None = 
                 send_page(app, page.job_id, page.lane, page.priority, producer=producer)
 
     clock = RetryClock(runtime.settings.redis.url, publish)
+    runtime.answers = EngineAnswers(runtime.settings.redis.url)
     keeper = LeaseKeeper(runtime.db, delayed, runtime.settings.worker, worker=f"{socket.gethostname()}:{os.getpid()}",
                          redis_url=runtime.settings.redis.url)
     parts = WorkerParts(scheduler, delayed, clock, DeadLetters.from_url(runtime.settings.redis.url), keeper)

@@ -1,0 +1,60 @@
+"""Engine answers kept in Redis for an hour, by job.
+
+A worker that dies after the engine answered a page and before its result was stored (post-processing,
+drawing, storing: a few hundred milliseconds per page, several pages at any moment) would send those pages
+to the engine again on their next attempt: GPU time spent twice. The answer is kept here the moment it
+arrives, and a retried page (attempt two on) takes it instead of a new engine call. Plain JSON, never
+pickle (whoever can write to Redis must not run code in a worker); anything unreadable is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import redis
+
+from paperlane.models.engine import EngineOutput
+from paperlane.schemas import Line, Usage
+
+log = logging.getLogger(__name__)
+
+_KEY = "paperlane:answer:{}"
+
+
+class EngineAnswers:
+    def __init__(self, redis_url: str, *, ttl: int = 3600) -> None:
+        self._redis = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
+        self._ttl = ttl
+
+    def put(self, job_id: str, output: EngineOutput) -> None:
+        """Keep the answer (a failure only costs the engine call it would have saved)."""
+        try:
+            self._redis.set(_KEY.format(job_id), json.dumps(_dump(output)), ex=self._ttl)
+        except redis.RedisError as exc:
+            log.debug("answer of job %s not kept: %s", job_id, exc)
+
+    def get(self, job_id: str) -> EngineOutput | None:
+        try:
+            raw = self._redis.get(_KEY.format(job_id))
+            return _load(json.loads(raw)) if raw else None
+        except (redis.RedisError, ValueError, TypeError, KeyError) as exc:
+            log.warning("kept answer of job %s not used: %s", job_id, exc)
+            return None
+
+    def close(self) -> None:
+        self._redis.close()
+
+
+def _dump(o: EngineOutput) -> dict[str, Any]:
+    return {"text": o.text, "lines": [line.model_dump(mode="json") for line in o.lines], "markdown": o.markdown,
+            "fields": o.fields, "missing_fields": o.missing_fields, "truncated": o.truncated,
+            "usage": o.usage.model_dump() if o.usage else None, "raw": o.raw, "seconds": o.seconds}
+
+
+def _load(d: dict[str, Any]) -> EngineOutput:
+    return EngineOutput(text=str(d["text"]), lines=[Line.model_validate(x) for x in d["lines"]],
+                        markdown=d["markdown"], fields=d["fields"], missing_fields=list(d["missing_fields"]),
+                        truncated=bool(d["truncated"]), usage=Usage.model_validate(d["usage"]) if d["usage"] else None,
+                        raw=d["raw"], seconds=d["seconds"])
