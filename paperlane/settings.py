@@ -137,7 +137,9 @@ class IngestSettings(BaseModel):
                                     "uncompressed (it is held in memory or a spooled temp file)")
     max_archive_bytes: int = Field(64 * 1024**3, ge=1, description="all members of one archive, uncompressed")
     max_members: int = Field(1_000_000, ge=1, description="members of one archive")
-    max_ratio: float = Field(200.0, ge=1, description="uncompressed/compressed size of a member (zip bombs)")
+    max_ratio: float = Field(1100.0, ge=1, description="uncompressed/compressed size of a member (bombs); above "
+                             "deflate's ceiling (~1,032:1, which a blank uncompressed page reaches), so zip and gzip "
+                             "members are bounded by the size limits and bzip2/xz bombs are refused early")
     max_depth: int = Field(3, ge=0, description="archives nested in archives")
     max_pages: int = Field(10_000, ge=1, description="pages of one PDF or TIFF")
     spool_bytes: int = Field(32 * 1024 * 1024, ge=0, description="larger members go to a temp file, not memory")

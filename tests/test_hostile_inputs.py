@@ -340,12 +340,25 @@ def test_zip_bomb_is_refused_without_inflating_it(tmp_path: Path) -> None:
     paths = [tmp_path / "bomb.zip", good(tmp_path)]
 
     for limits, line in [(LIMITS, "larger than 512 MiB (ingest.max_document_bytes)"),
-                         (LIMITS.model_copy(update={"max_document_bytes": 4 << 30}),
+                         (LIMITS.model_copy(update={"max_document_bytes": 4 << 30, "max_ratio": 200}),
                           "compression ratio over 200 (ingest.max_ratio)")]:
         items, peak = traced_peak(lambda limits=limits: list(expand(paths, limits)))  # type: ignore[misc]
         assert lines(items, tmp_path) == {"bomb.zip!bomb.jpg": line}
         assert [d.name for d in documents(items) if d.error is None] == ["after", "good-after"]
         assert peak < 10 * MiB
+
+
+def test_a_blank_uncompressed_page_in_a_zip_is_not_taken_for_a_bomb(tmp_path: Path) -> None:
+    # A white A4 page at 300 dpi, uncompressed (8.7 MB of one byte), deflates about 1,000 to 1: deflate's
+    # ceiling (~1,032:1), under the default max_ratio; bombs beyond it (bzip2, xz, nesting) are still refused.
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("L", (2480, 3508), 255).save(buf, format="BMP")
+    with zipfile.ZipFile(tmp_path / "scans.zip", "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zf:
+        zf.writestr("blank.bmp", buf.getvalue())
+    items = list(expand([tmp_path / "scans.zip"], LIMITS))
+    assert [(d.name, d.error) for d in documents(items)] == [("blank", None)]
 
 
 def test_tar_gz_bomb_is_stopped_while_it_inflates(tmp_path: Path) -> None:
@@ -356,7 +369,7 @@ def test_tar_gz_bomb_is_stopped_while_it_inflates(tmp_path: Path) -> None:
         tar_entry(tf, "never.jpg", tarfile.REGTYPE, data=jpeg(1))
     paths = [tmp_path / "bomb.tar.gz", good(tmp_path)]
 
-    items, peak = traced_peak(lambda: list(expand(paths, LIMITS)))
+    items, peak = traced_peak(lambda: list(expand(paths, LIMITS.model_copy(update={"max_ratio": 200}))))
     assert lines(items, tmp_path) == {
         "bomb.tar.gz": "archive refused from member 1 on: compression ratio over 200 (ingest.max_ratio)"}
     assert peak < 10 * MiB
