@@ -36,7 +36,7 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.formparsers import MultiPartException, MultiPartParser
 
-from paperlane.errors import JobNotFound, PaperlaneError, StorageUnavailable, UsageError, public_reason
+from paperlane.errors import JobNotFound, StorageUnavailable, UsageError, public_reason
 from paperlane.metrics import API_PAGES, API_REQUESTS, API_SECONDS
 from paperlane.priority.broker import make_celery
 from paperlane.priority.lanes import Lane
@@ -46,7 +46,7 @@ from paperlane.producer.webhooks import Dispatcher, check_callback
 from paperlane.schemas import JobStatus, Task, TaskSpec
 from paperlane.settings import Settings
 from paperlane.storage import ingests
-from paperlane.storage.db import Database
+from paperlane.storage.db import Database, as_utc, utcnow
 from paperlane.storage.objects import ObjectStore, open_store
 from paperlane.storage.results import page_result
 from paperlane.storage.tables import DocumentRow, IngestRow
@@ -621,8 +621,6 @@ def _outputs_late(document: DocumentRow) -> bool:
     finished = document.finished_at
     if finished is None:
         return False
-    from paperlane.storage.db import as_utc, utcnow
-
     at = as_utc(finished)
     return at is not None and (utcnow() - at).total_seconds() > 10
 
@@ -634,5 +632,3 @@ def serve(settings: Settings, *, host: str, port: int) -> None:
     uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower(),
                 proxy_headers=True, server_header=False)
 
-
-__all__ = ["ApiError", "PaperlaneError", "create_app", "serve"]
