@@ -6,6 +6,8 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
+from sqlalchemy import text
+
 from paperlane.producer.submit import submit_documents
 from paperlane.schemas import JobStatus, TaskSpec
 from paperlane.storage import jobs as jobstore
@@ -28,6 +30,9 @@ def test_a_lapsed_lease_goes_back_to_its_lane_and_a_live_one_stays(db: Database,
     now = utcnow()
     for job_id, worker in ((a, "w1"), (b, "w2")):
         assert jobstore.start_attempt(db, job_id, max_attempts=3, worker=worker, lease=5) is not None
+    with db.session() as s:  # operators see who holds a running page in SQL too
+        assert s.execute(text("SELECT status, worker FROM page_status WHERE job_id = :j"), {"j": a}).one() == (
+            "running", "w1")
     # A second delivery of a's message while w1 holds it does not start it again.
     assert jobstore.start_attempt(db, a, max_attempts=3, worker="w3", lease=5) is None
     assert leases.renew(db, [a, b], worker="w1", until=now + timedelta(seconds=60)) == 1  # w1 holds only a

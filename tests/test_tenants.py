@@ -22,7 +22,18 @@ from tests.pages import tiny_page
 from tests.test_ingests import doc, succeed
 
 
-def test_the_migrations_build_exactly_the_declared_schema(db: Database) -> None:
+def test_the_migrations_build_exactly_the_declared_schema_and_step_down_and_up(db: Database) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    from paperlane.storage.db import _MIGRATIONS
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(_MIGRATIONS))
+    with db.engine.begin() as conn:  # this stop's migrations back, and again, with their views in place
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0002")
+        command.upgrade(cfg, "head")
     with db.engine.connect() as conn:
         assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
 

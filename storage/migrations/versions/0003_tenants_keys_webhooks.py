@@ -80,8 +80,7 @@ def downgrade() -> None:
     op.drop_index("ix_webhooks_due", "webhook_deliveries")
     op.drop_table("webhook_deliveries")
     op.drop_index("ix_ingests_key_open", "ingests")
-    with op.batch_alter_table("ingests") as batch:
-        for column in ("finished_at", "callback_url", "api_key_id", "tenant_id"):
-            batch.drop_column(column)
+    for column in ("finished_at", "callback_url", "api_key_id", "tenant_id"):  # plain ALTER: keeps ingest_status
+        op.drop_column("ingests", column)
     op.drop_table("api_keys")
     op.drop_table("tenants")
