@@ -21,29 +21,13 @@ import time
 from pathlib import Path
 
 import httpx
-from common import PAPERLANE, REPO, small_page, start_services, start_worker, stop, with_comment, write_config
+from common import small_page, start_services, start_worker, stop, with_comment, write_config
 
 from paperlane.settings import load_settings
 from paperlane.storage import tenants
 from paperlane.storage.db import Database
-from tests.services import free_port
+from tests.api_server import ApiProcess
 from tests.sim_engine import start_sim_engine
-
-
-def start_api(config: Path, log: Path, port: int) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([*PAPERLANE, "--config", str(config), "api", "--host", "127.0.0.1", "--port", str(port)],
-                            cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop(proc)
-            raise RuntimeError(f"api did not start:\n{log.read_text(errors='replace')[-3000:]}")
-        time.sleep(0.1)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -61,16 +45,18 @@ def main() -> int:
         sim = start_sim_engine(root / "sim", slots=16, latency=0.32, scheduling_policy="priority",
                                max_model_len=32768)
         procs: list[subprocess.Popen[bytes]] = []
+        server: ApiProcess | None = None
         try:
             config = write_config(svc, root, API__RATE_PER_MINUTE="100000")
             db = Database(load_settings(config).database_url)
             db.upgrade()
             key = tenants.create_key(db, tenant="bench", interactive=True).key
             procs.append(start_worker(config, root / "worker.log", sim.url))
-            port = free_port()
-            procs.append(start_api(config, root / "api.log", port))
-            api, e2e = run(f"http://127.0.0.1:{port}", key, args.samples, args.warmup)
+            server = ApiProcess(config, root / "api.log").wait_ready()
+            api, e2e = run(server.url, key, args.samples, args.warmup)
         finally:
+            if server is not None:
+                server.stop()
             for proc in procs:
                 stop(proc)
             sim.stop()

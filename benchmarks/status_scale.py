@@ -49,7 +49,8 @@ INSERT INTO pages (id, document_id, ingest_id, page_no, job_id, created_at)
 SELECT 'p' || n, 'd' || (n / :per), 'i' || ((n / :per) % 10), n % :per + 1, 'j' || n, now()
 FROM generate_series(0, :pages - 1) n;
 UPDATE documents d SET pages_succeeded = c.s, pages_failed = c.f FROM (
-    SELECT p.document_id, count(*) FILTER (WHERE j.status = 'succeeded') s, count(*) FILTER (WHERE j.status = 'failed') f
+    SELECT p.document_id, count(*) FILTER (WHERE j.status = 'succeeded') s,
+           count(*) FILTER (WHERE j.status = 'failed') f
     FROM pages p JOIN jobs j ON j.id = p.job_id GROUP BY p.document_id) c WHERE d.id = c.document_id;
 INSERT INTO ingest_failures (ingest_id, reason, pages)
 SELECT p.ingest_id, j.error, count(*) FROM pages p JOIN jobs j ON j.id = p.job_id WHERE j.status = 'failed'

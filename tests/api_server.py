@@ -8,7 +8,6 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -19,13 +18,19 @@ from tests.services import free_port
 
 
 class ApiProcess:
-    def __init__(self, stack: Stack, *, name: str = "api") -> None:
+    """``paperlane --config CONFIG api`` on a free loopback port (tests and benchmarks)."""
+
+    def __init__(self, config: Path, log: Path, *, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = stack.root / f"{name}.log"
-        self.proc = subprocess.Popen([*PAPERLANE, "--config", str(stack.config), "api", "--host", "127.0.0.1",
-                                      "--port", str(self.port)], stdout=self.log.open("wb"), stderr=subprocess.STDOUT,
-                                     env=stack.env(), cwd=stack.root, start_new_session=True)
+        self.log = log
+        self.proc = subprocess.Popen([*PAPERLANE, "--config", str(config), "api", "--host", "127.0.0.1",
+                                      "--port", str(self.port)], stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                                     env=env, cwd=log.parent, start_new_session=True)
+
+    @classmethod
+    def of(cls, stack: Stack, *, name: str = "api") -> ApiProcess:
+        return cls(stack.config, stack.root / f"{name}.log", env=stack.env())
 
     def wait_ready(self, timeout: float = 60) -> ApiProcess:
         deadline = time.monotonic() + timeout
@@ -94,16 +99,6 @@ class Receiver:
 
     def close(self) -> None:
         self.server.shutdown()
-
-
-def until(check: Callable[[], object], timeout: float = 120, what: str = "condition") -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"{what} not met in {timeout}s"
-        time.sleep(0.2)
 
 
 def sse_events(text: str) -> list[tuple[str, dict]]:

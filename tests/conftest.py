@@ -148,6 +148,16 @@ def wait_terminal(db: Database, job_ids: list[str], timeout: float = 180) -> dic
     raise AssertionError(f"jobs not finished in {timeout}s: {[(r.id, r.status) for r in rows.values()]}")
 
 
+def until(check: Callable[[], object], *, what: str = "condition", timeout: float = 60.0,
+          every: float = 0.1) -> object:
+    """Poll ``check`` until it returns something true (returned), failing after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        assert time.monotonic() < deadline, f"{what} not met in {timeout:g}s"
+        time.sleep(every)
+    return found
+
+
 def cli(stack: Stack, *args: str, timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run the real ``paperlane`` command against ``stack``."""
     return subprocess.run([*PAPERLANE, "--config", str(stack.config), *args], capture_output=True, text=True,

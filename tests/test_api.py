@@ -15,8 +15,8 @@ from PIL import Image
 from paperlane.producer.webhooks import verify
 from paperlane.storage import webhooks
 from paperlane.storage.db import Database
-from tests.api_server import ApiProcess, Receiver, create_key, sse_events, until
-from tests.conftest import Stack
+from tests.api_server import ApiProcess, Receiver, create_key, sse_events
+from tests.conftest import Stack, until
 from tests.metrics import cer
 from tests.pages import render_page, sample_lines
 
@@ -30,7 +30,7 @@ def api_factory() -> Iterator[Callable[[Stack], ApiProcess]]:
     started: list[ApiProcess] = []
 
     def start(stack: Stack) -> ApiProcess:
-        started.append(ApiProcess(stack, name=f"api{len(started)}"))
+        started.append(ApiProcess.of(stack, name=f"api{len(started)}"))
         return started[-1].wait_ready()
 
     yield start
@@ -64,7 +64,7 @@ def _wait_document(api: ApiProcess, key: str, document_id: str) -> dict:
         view = httpx.get(f"{api.url}/v1/documents/{document_id}", params={"wait": 5},
                          headers={"Authorization": f"Bearer {key}"}, timeout=30).json()
         return view if view["status"] in ("succeeded", "failed", "partial") and view["outputs"]["json"] else None
-    return until(final, what="document finished")  # type: ignore[return-value]
+    return until(final, what="document finished", timeout=120, every=0.2)  # type: ignore[return-value]
 
 
 def test_upload_wait_result_pages_and_tenants(stack_factory, worker_factory, api_factory, tmp_path: Path) -> None:
@@ -209,5 +209,5 @@ def test_an_s3_prefix_ingest_through_the_api(stack_factory, worker_factory, api_
     def done() -> dict | None:
         view = httpx.get(f"{api.url}/v1/ingests/{ingest_id}", params={"wait": 5}, headers=auth, timeout=30).json()
         return view if view["status"] == "succeeded" else None
-    view = until(done, what="ingest finished")
+    view = until(done, what="ingest finished", timeout=120, every=0.2)
     assert (view["documents"], view["pages"], view["succeeded"]) == (3, 3, 3)  # type: ignore[index]

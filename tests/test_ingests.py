@@ -14,7 +14,7 @@ from alembic import command
 from alembic.config import Config
 
 from paperlane.producer.inputs import Document
-from paperlane.producer.submit import Submitter, SubmittedPage, submit_documents
+from paperlane.producer.submit import SubmittedPage, Submitter, submit_documents
 from paperlane.schemas import JobStatus, PageResult, TaskSpec
 from paperlane.storage import ingests
 from paperlane.storage import jobs as jobstore

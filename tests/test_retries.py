@@ -15,6 +15,7 @@ from paperlane.priority.delayed import DelayedPage, DelayedPages
 from paperlane.priority.lanes import Lane, broker_keys
 from paperlane.settings import RedisSettings, Settings
 from paperlane.workers.retry_clock import RetryClock
+from tests.conftest import until
 from tests.services import Service
 
 
@@ -22,14 +23,6 @@ from tests.services import Service
 def redis_url(redis_service: Service) -> Iterator[str]:
     redis.Redis.from_url(redis_service.url).flushall()
     yield redis_service.url
-
-
-def until(check, timeout: float = 10.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
-    return value
 
 
 def test_a_delayed_page_is_due_later_and_claimed_once(redis_url: str) -> None:
@@ -74,14 +67,14 @@ def test_the_clock_puts_pages_back_on_their_lane_at_their_priority(redis_url: st
     clock.start()
     try:
         client = redis.Redis.from_url(redis_url)
-        until(lambda: client.llen(broker_keys(Lane.BATCH)[6]) == 1)
-        until(lambda: client.llen(broker_keys(Lane.INTERACTIVE)[3]) == 1)
+        until(lambda: client.llen(broker_keys(Lane.BATCH)[6]) == 1, timeout=10, every=0.02)
+        until(lambda: client.llen(broker_keys(Lane.INTERACTIVE)[3]) == 1, timeout=10, every=0.02)
         message = json.loads(client.lindex(broker_keys(Lane.INTERACTIVE)[3], 0))
         assert message["headers"]["argsrepr"] == "['job-i']"
         # A page delayed while the clock sleeps wakes it (no polling): released about when due.
         t0 = time.monotonic()
         DelayedPages.from_url(redis_url).add(DelayedPage("job-late", Lane.BATCH, 5), 0.3)
-        until(lambda: client.llen(broker_keys(Lane.BATCH)[5]) == 1)
+        until(lambda: client.llen(broker_keys(Lane.BATCH)[5]) == 1, timeout=10, every=0.02)
         assert 0.25 < time.monotonic() - t0 < 5
         assert clock.released == 3 and gone.pending() == 0
     finally:

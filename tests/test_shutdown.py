@@ -16,7 +16,7 @@ import redis
 from paperlane.priority.delayed import DelayedPages
 from paperlane.priority.lanes import Lane, broker_keys
 from paperlane.priority.messages import page_job_id
-from tests.conftest import Stack, WorkerProcess
+from tests.conftest import Stack, WorkerProcess, until
 from tests.sim_engine import SimEngine, start_sim_engine
 from tests.test_scheduling import Producer
 
@@ -35,13 +35,6 @@ def _unacked(stack: Stack) -> int:
 
 def _delayed(stack: Stack) -> int:
     return DelayedPages.from_url(stack.settings.redis.url).pending()
-
-
-def _until(condition: Callable[[], bool], what: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
 
 
 def _terminate(worker: WorkerProcess, *, limit: float) -> float:
@@ -76,7 +69,7 @@ def _sigterm_then_an_heir(stack: Stack, engine: SimEngine, worker_factory: Calla
         statuses = Counter(r.status for r in producer.rows(ids).values())
         return statuses["succeeded"] >= 2 and statuses["running"] >= 6
 
-    _until(busy, "the worker never held more pages than the engine takes")
+    until(busy, what="the worker never held more pages than the engine takes", timeout=120, every=0.05)
     held = [i for i, r in producer.rows(ids).items() if r.status == "running"]
     took = _terminate(first, limit=grace)
     rows = producer.rows(ids)

@@ -32,7 +32,7 @@ PAGE_TIMEOUT = 90  # upload -> worker -> event stream -> text on the page
 @pytest.fixture
 def api_server(stack: Stack) -> Iterator[ApiProcess]:
     """Started with the test (it comes up while the worker loads its engine); ready once waited for."""
-    server = ApiProcess(stack)
+    server = ApiProcess.of(stack)
     try:
         yield server
     finally:

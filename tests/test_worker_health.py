@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,19 +15,12 @@ import pytest
 from paperlane.priority.lanes import Lane
 from paperlane.schemas import JobStatus
 from paperlane.workers.metrics import Nvml
-from tests.conftest import Stack, cli
+from tests.conftest import Stack, cli, until
 from tests.services import free_port
 from tests.sim_engine import start_sim_engine
 from tests.test_scheduling import Producer
 
 pytestmark = pytest.mark.slow
-
-
-def _until(check: Callable[[], object], what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
 
 
 def test_nvml_without_a_gpu_gives_no_series() -> None:
@@ -62,7 +54,7 @@ def test_a_hung_workers_page_is_taken_back_by_another(stack_factory: Callable[..
         producer = Producer(stack)
         [job_id] = producer.submit([7], Lane.BATCH)
         hung = worker_factory(stack, *vllm, name="hung")
-        _until(lambda: producer.rows([job_id])[job_id].status == "running", "the page never started")
+        until(lambda: producer.rows([job_id])[job_id].status == "running", what="the page never started")
         view = json.loads(cli(stack, "status", "--json", job_id).stdout)
         assert view["worker"] and view["worker"].endswith(f":{hung.proc.pid}") and view["lease_until"]
         os.killpg(hung.proc.pid, signal.SIGSTOP)  # hung: alive, renewing nothing
