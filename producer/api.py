@@ -489,7 +489,7 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one function holds the route 
             values: dict[str, Any] = dict(fields)
             if "fields" in values:
                 values["fields"] = [f for f in values["fields"].split(",") if f.strip()]
-            opts, spec = _options(values, caller, service)
+            opts, spec = await to_thread.run_sync(_options, values, caller, service)  # resolves the callback host
             await to_thread.run_sync(_check_room, service, caller)
             body = await to_thread.run_sync(_register_upload, service, caller, opts, spec, upload)
         finally:
@@ -500,7 +500,8 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one function holds the route 
     async def post_ingest(request: Request, req: IngestRequest, caller: CallerDep) -> dict[str, Any]:
         """Register an s3:// prefix (or a list of keys) as an ingest; registration goes on after the answer."""
         service = _service(request)
-        opts, spec = _options(req.model_dump(include=set(_Options.model_fields)), caller, service)
+        opts, spec = await to_thread.run_sync(_options, req.model_dump(include=set(_Options.model_fields)), caller,
+                                              service)  # off the event loop: it resolves the callback host
         sources = _ingest_sources(req, service)
         await to_thread.run_sync(_check_room, service, caller)
         submitter = Submitter(db=service.db, store=service.store, spec=spec, lane=opts.lane, level=opts.priority,

@@ -98,8 +98,7 @@ class Dispatcher:
         return webhooks.claim_due(self.db, now=utcnow(), lease=self.settings.webhook_timeout * 3)
 
     async def _send(self, client: httpx.AsyncClient, delivery: webhooks.Delivery) -> None:
-        body = await to_thread.run_sync(self._body, delivery)
-        secret = await to_thread.run_sync(tenants.webhook_secret, self.db, delivery.tenant_id)
+        body, secret = await to_thread.run_sync(self._prepare, delivery)
         headers = {"Content-Type": "application/json", "User-Agent": "paperlane-webhooks",
                    SIGNATURE_HEADER: sign(secret, body, int(time.time())),
                    "X-Paperlane-Event": delivery.event, "X-Paperlane-Delivery": delivery.id}
@@ -119,5 +118,7 @@ class Dispatcher:
         log.info("webhook %s try %d to %s: %s (%s)", delivery.id, delivery.attempt, delivery.url, outcome,
                  status or error)
 
-    def _body(self, delivery: webhooks.Delivery) -> bytes:
-        return json.dumps(webhooks.payload(self.db, delivery), separators=(",", ":")).encode()
+    def _prepare(self, delivery: webhooks.Delivery) -> tuple[bytes, str]:
+        """The body to send and the tenant's secret to sign it with."""
+        body = json.dumps(webhooks.payload(self.db, delivery), separators=(",", ":")).encode()
+        return body, tenants.webhook_secret(self.db, delivery.tenant_id)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import and_, update
 
@@ -67,17 +68,20 @@ def unpublished(db: Database, *, before: datetime, limit: int = 500) -> list[tup
     """(job id, lane, priority) of queued jobs whose message has not gone out since ``before``: a producer or
     a worker died between registering or taking back a job and publishing it. From the partial index on
     unpublished jobs, so it costs nothing when there are none."""
-    j = _JOBS.c
-    with db.session() as s:
-        rows = s.execute(_JOBS.select().with_only_columns(j.id, j.lane, j.priority).where(
-            j.status == JobStatus.QUEUED.value, j.enqueued_at.is_(None), j.updated_at < before).limit(limit)).all()
-    return [(r[0], r[1], int(r[2])) for r in rows]
+    return _queued(db, _JOBS.c.enqueued_at.is_(None), _JOBS.c.updated_at < before, limit=limit)
 
 
 def queued_before(db: Database, *, before: datetime, limit: int = 1000) -> list[tuple[str, str, int]]:
     """(job id, lane, priority) of queued jobs whose message went out before ``before`` (oldest first)."""
+    return _queued(db, _JOBS.c.enqueued_at < before, order_by=_JOBS.c.enqueued_at, limit=limit)
+
+
+def _queued(db: Database, *where: Any, order_by: Any = None, limit: int) -> list[tuple[str, str, int]]:
     j = _JOBS.c
+    query = _JOBS.select().with_only_columns(j.id, j.lane, j.priority).where(j.status == JobStatus.QUEUED.value,
+                                                                             *where)
+    if order_by is not None:
+        query = query.order_by(order_by)
     with db.session() as s:
-        rows = s.execute(_JOBS.select().with_only_columns(j.id, j.lane, j.priority).where(
-            j.status == JobStatus.QUEUED.value, j.enqueued_at < before).order_by(j.enqueued_at).limit(limit)).all()
+        rows = s.execute(query.limit(limit)).all()
     return [(r[0], r[1], int(r[2])) for r in rows]
