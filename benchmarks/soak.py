@@ -114,7 +114,7 @@ def main() -> int:
                 ("pages taken back after their lease", "ran out;"),
                 ("kept engine answers used", "from an earlier attempt is used"),
                 ("lost messages republished", "had no message left in Redis"),
-                ("messages for final jobs ignored", "already finished;"))}
+                ("messages for final or held jobs ignored", "(final, or held under a live lease)"))}
         finally:
             for w in workers:
                 stop(w)

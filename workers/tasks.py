@@ -122,12 +122,13 @@ def _attempt(rt: Runtime, parts: WorkerParts, job_id: str, lane: Lane) -> str:
         parts.dead_letters.add(message, reason=str(exc), queue=lane.queue)
         return "unknown"
     if job is None:
-        # A message for a final job: a redelivery, or a document registered with every page already final.
-        # Either way its finished documents get the outputs they lack (none: nothing to do).
+        # Nothing to start: the job is final (a redelivery, or a document registered with every page already
+        # final), or another worker runs it under a live lease. Finished documents get the outputs they lack.
         missing = ingests.documents_without_outputs(rt.db, job_id)
         for document_id in missing:
             _document_outputs(rt, document_id)
-        log.info("job %s already finished; %d document outputs written", job_id, len(missing))
+        log.info("job %s not started (final, or held under a live lease); %d document outputs written", job_id,
+                 len(missing))
         return "duplicate"
     parts.leases.hold(job.id)
     try:
