@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from statistics import mean
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.corpus, tests.metrics
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.corpus, tests.scoring
 
 from tests.corpus import SETS, PageScore, corpus_root, run_paperlane, score_page
 

@@ -13,13 +13,14 @@ its pool) over the same window: everything spent outside the engine, from fetchi
 to the stored result (target: 40 ms per page).
 
 --embedded: the same scans in a folder, processed by ``paperlane run DIR --engine vllm`` on the
-embedded stack (SQLite and a local folder, no services). The clock runs from the first request the
-engine sees to the last page's result written to --out: the run's start-up (imports, the pool's
-processes, the database) and its exit are one-time costs that say nothing about throughput. The
+embedded stack (SQLite and a local folder, no services). The throughput clock runs from the first
+request the engine sees to the last page's result written to --out: the run's start-up (imports, the
+pool's processes, the database) and its exit are one-time costs that say nothing about throughput. The
 window leaves out the first page's read and preprocessing (one page of pipeline fill, ~0.1 s of
-a 20+ s window) and includes the last page's post-processing and writing. CPU is the run's process
-group from the first request to its exit (reading inputs and storing originals included: in a run
-they are part of every page).
+a 20+ s window) and includes the last page's post-processing and writing. CPU is the run's whole
+process tree from its launch to its exit, from the first byte read: start-up, reading and registering
+every input, storing originals, and the document outputs included (``cpu_ms_per_page`` divides it by the
+pages).
 
 Last line: ``engine_utilisation=`` (``embedded_engine_utilisation=``) ``<system pages/s / engine pages/s>``.
 """
@@ -188,6 +189,7 @@ def run_embedded(args: argparse.Namespace, root: Path, pages: Iterator[bytes], s
     end = Probe(max(p.stat().st_mtime for p in out.iterdir()), {proc.pid: usage.ru_utime + usage.ru_stime},
                 process_cpu(sim.pid), machine_cpu())
     start.at = first
+    start.cpu = {}  # the run's CPU counts from its launch: wait4's rusage is its whole tree's since then
     return _window(len(results), sum(r["status"] == "failed" for r in results), start, end, sim)
 
 

@@ -34,8 +34,11 @@ sys.path[:0] = [str(REPO), str(REPO / "tests" / "vllm_tier")]
 from paperlane.models.engine import EngineOutput, EngineRequest  # noqa: E402
 from paperlane.models.vllm_server import VllmServerEngine  # noqa: E402
 from paperlane.settings import EngineSettings  # noqa: E402
-from paperlane.workers.preprocess import prepare  # noqa: E402
-from tests.pages import render_page, sample_lines  # noqa: E402
+from tests.pages import (  # noqa: E402
+    prepare,  # noqa: E402
+    render_page,
+    sample_lines,
+)
 from tests.services import free_port  # noqa: E402
 
 

@@ -1,12 +1,12 @@
 """The one interface every OCR engine implements.
 
-An engine is built once per worker process and kept resident. The worker hands it micro-batches
-of pages that the CPU pool has already prepared exactly as ``input_spec`` asks (size, encoding),
-and gets back one outcome per page: an ``EngineOutput`` or the ``PaperlaneError`` that page hit.
-A failing page never fails its neighbours in the batch.
+An engine is built once per process and kept resident. It says how it wants its pages prepared
+(``input_spec``: size, encoding) and batched (``capacity``), takes micro-batches of pages prepared
+that way, and gives back one outcome per page: an ``EngineOutput`` or the ``PaperlaneError`` that
+page hit. A failing page never fails its neighbours in the batch.
 
 Coordinates: ``EngineOutput.lines[*].quad`` are in pixels of the PREPARED image the engine was
-given; the pipeline maps them back to the original page with ``PreparedImage.to_original``.
+given; ``PreparedImage.to_original`` maps them back to the original page.
 """
 
 from __future__ import annotations

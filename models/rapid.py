@@ -2,8 +2,9 @@
 
 Its default models ship inside the ``rapidocr`` wheel, so it runs anywhere with nothing to
 download. The angle classifier stays OFF: on clean horizontal text it flips lines and reads
-them as garbage (see shared/notes/ocr-engines.md). It reads lines only, so every task is
-answered from the spotted lines: ``text`` and ``parse`` get the lines in reading order.
+them as garbage (CER 0.30-0.53 with it on, 0.00 off, on a synthetic A4 page). It reads lines
+only, so every task is answered from the spotted lines: ``text`` and ``parse`` get the lines in
+reading order.
 """
 
 from __future__ import annotations

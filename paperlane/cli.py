@@ -13,12 +13,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from paperlane.errors import PaperlaneError, UsageError
 from paperlane.priority.lanes import Lane
-from paperlane.schemas import JobStatus, PageResult, Task, TaskSpec
+from paperlane.schemas import PageResult, Task, TaskSpec
 from paperlane.settings import EngineKind, EngineSettings, Settings, load_settings
+from paperlane.status import JobStatus, PageState, RollupState
 
 if TYPE_CHECKING:
     from paperlane.producer.inputs import Skipped
@@ -205,7 +207,7 @@ def submit(
     db = Database(settings.database_url)
     db.upgrade()
     store = open_store(settings)
-    submitter = Submitter(db=db, store=store, spec=spec, lane=lane, level=priority, force=force,
+    submitter = Submitter(db=db, store=store, spec=spec, lane=lane, priority=priority, force=force,
                           publisher=CeleryPublisher(make_celery(settings)), limits=settings.ingest)
     sources = [p if p.startswith("s3://") else str(Path(p).resolve()) for p in paths]
     items = expand(paths, settings.ingest, s3=_s3_client(settings) if len(local) < len(paths) else None)
@@ -219,7 +221,7 @@ def submit(
             bar.advance(task_id)
             if as_json:
                 print(json.dumps({"job_id": item.job_id, "page_id": item.page_id, "document_id": item.document_id,
-                                  "ingest_id": item.ingest_id, "action": item.action, "source": item.source,
+                                  "ingest_id": item.ingest_id, "action": item.action.value, "source": item.source,
                                   "page": item.page_no, "status": item.status.value, "error": item.error}),
                       flush=True)
             else:
@@ -263,28 +265,13 @@ def worker(
     hostname: Annotated[str | None, typer.Option("--hostname", "-n")] = None,
 ) -> None:
     """Run a Celery worker that keeps one OCR engine resident and processes queued pages."""
-    from paperlane.priority.broker import make_celery
-    from paperlane.workers.metrics import serve as serve_metrics
-    from paperlane.workers.pipeline import Runtime
-    from paperlane.workers.tasks import register_tasks
+    from paperlane.workers.worker import Worker, celery_argv
 
     settings = _settings(engine, engine_url, model, profile)
     _configure_logging(min(_state.log_level, logging.INFO))  # a worker's log is its output
     lanes = [Lane(q.strip()) for q in queues.split(",")] if queues else list(Lane)
-    rt = Runtime.start(settings)
-    app_ = make_celery(settings)
-    parts = register_tasks(app_, rt, lanes=lanes)
-    serve_metrics(settings)
-    argv = ["worker", "--pool=threads", f"--concurrency={rt.slots}", "--without-gossip",
-            "--without-mingle",
-            f"--queues={','.join(lane.queue for lane in lanes)}", f"--loglevel={settings.log_level}"]
-    if hostname:
-        argv.append(f"--hostname={hostname}")
-    try:
-        app_.worker_main(argv)
-    finally:
-        parts.close()
-        rt.close()
+    assembled = Worker(settings, lanes=lanes)
+    assembled.app.worker_main(celery_argv(assembled, hostname=hostname))
 
 
 @app.command()
@@ -297,7 +284,7 @@ def status(
 ) -> None:
     """Status: of jobs (their attempts, error, stage timings, results), or the progress of an ingest or a
     document (pages queued / running / succeeded / failed, pages/s, time left, failures by reason)."""
-    from paperlane.storage import ingests
+    from paperlane.storage import ingests, views
     from paperlane.storage import jobs as jobstore
     from paperlane.storage.db import Database
     from paperlane.storage.objects import open_store
@@ -305,11 +292,13 @@ def status(
     settings = _settings()
     db = Database(settings.database_url)
     if ingest or document:
-        row, progress, failures = (ingests.ingest_progress(db, ingest) if ingest
-                                   else ingests.document_progress(db, document or ""))
-        view = _progress_view(row, progress, failures)
-        print(json.dumps(view, indent=1)) if as_json else _print_progress(view)
-        raise typer.Exit(1 if progress.failed else 0)
+        view = (views.ingest_view(*ingests.ingest_progress(db, ingest)) if ingest
+                else views.document_view(*ingests.document_progress(db, document or "")))
+        if as_json:
+            print(json.dumps(view, indent=1))
+        else:
+            _print_progress(view)
+        raise typer.Exit(1 if view[PageState.FAILED.value] else 0)
     if page:
         found = ingests.get_page(db, page)
         job_ids = [found.job.id]
@@ -317,49 +306,41 @@ def status(
         raise UsageError("give job ids, --page, --document or --ingest")
     store = open_store(settings)
     rows = {r.id: r for r in jobstore.get_jobs(db, job_ids)}
-    views = [_job_view(rows.get(j), j, store) for j in job_ids]
+    shown = [_job_view(rows.get(j), j, store) for j in job_ids]
     if as_json:
-        print(json.dumps(views if len(views) > 1 else views[0], indent=1))
+        print(json.dumps(shown if len(shown) > 1 else shown[0], indent=1))
     else:
-        for v in views:
+        for v in shown:
             _print_job(v)
-    raise typer.Exit(1 if any(v["status"] in (None, "failed") for v in views) else 0)
-
-
-def _progress_view(row: Any, p: Any, failures: list[tuple[str, int]]) -> dict[str, Any]:
-    from paperlane.storage.tables import IngestRow
-
-    kind = "ingest" if isinstance(row, IngestRow) else "document"
-    view: dict[str, Any] = {f"{kind}_id": row.id, "name": row.name}
-    if kind == "document":
-        view.update(source=row.source, ingest_id=row.ingest_id, error=row.error,
-                    outputs={"json": row.json_key, "markdown": row.markdown_key, "pdf": row.pdf_key})
-    else:
-        view.update(documents=row.documents_total, skipped=row.skipped, registering=row.registered_at is None)
-    view.update(pages=p.total, queued=p.queued, unpublished=p.unpublished, running=p.running,
-                succeeded=p.succeeded, failed=p.failed, done=p.done,
-                pages_per_s=round(p.pages_per_s, 2) if p.pages_per_s else None,
-                eta_s=round(p.eta_s, 1) if p.eta_s is not None else None,
-                failures=[{"reason": r, "pages": n} for r, n in failures])
-    return view
+    raise typer.Exit(1 if any(v["status"] in (None, PageState.FAILED.value) for v in shown) else 0)
 
 
 def _print_progress(v: dict[str, Any]) -> None:
     kind = "ingest" if "ingest_id" in v and "documents" in v else "document"
-    done = v["succeeded"] + v["failed"]
-    state = "done" if v["done"] else ("registering" if v.get("registering") else "in progress")
-    out.print(f"[bold]{kind} {v[f'{kind}_id']}[/]  {v['name']}  [{'green' if v['done'] else 'yellow'}]{state}[/]",
+    state = RollupState(v["status"])
+    out.print(f"[bold]{kind} {v[f'{kind}_id']}[/]  {escape(v['name'])}  [{_colour(state)}]{state.value}[/]",
               highlight=False)
+    final = v[PageState.SUCCEEDED.value] + v[PageState.FAILED.value]
     extra = f", {v['documents']} documents, {v['skipped']} files skipped" if kind == "ingest" else ""
-    out.print(f"  {done}/{v['pages']} pages final{extra}")
-    out.print(f"  queued {v['queued']}  running {v['running']}  succeeded {v['succeeded']}  failed {v['failed']}"
-              + (f"  [red]not published {v['unpublished']} (broker was unreachable; submit again)[/]"
-                 if v["unpublished"] else ""))
-    if v["pages_per_s"]:
-        eta = f", about {_duration(v['eta_s'])} left" if v["eta_s"] and not v["done"] else ""
+    out.print(f"  {final}/{v['pages']} pages final{extra}")
+    out.print("  " + "  ".join(f"{s.value} {v[s.value]}" for s in PageState if s is not PageState.UNPUBLISHED)
+              + (f"  [red]{PageState.UNPUBLISHED.value} {v[PageState.UNPUBLISHED.value]} (broker was unreachable; "
+                 "submit again)[/]" if v[PageState.UNPUBLISHED.value] else ""))
+    if v.get("outputs") and v["outputs"]["state"]:
+        failed = f" ({escape(v['outputs']['error'])})" if v["outputs"]["error"] else ""
+        out.print(f"  outputs {v['outputs']['state']}{failed}", highlight=False)
+    if v.get("pages_per_s"):
+        eta = f", about {_duration(v['eta_s'])} left" if v["eta_s"] and not state.final else ""
         out.print(f"  {v['pages_per_s']:.1f} pages/s{eta}")
     for f in v["failures"]:
-        out.print(f"  [red]{f['pages']:>6}[/] {f['reason']}", highlight=False)
+        out.print(f"  [red]{f['pages']:>6}[/] {escape(f['reason'])}", highlight=False)
+
+
+def _colour(state: RollupState | PageState | None) -> str:
+    if state is None:
+        return "white"
+    return {RollupState.SUCCEEDED.value: "green", RollupState.FAILED.value: "red",
+            RollupState.PARTIAL.value: "yellow", RollupState.RUNNING.value: "yellow"}.get(state.value, "white")
 
 
 def _duration(seconds: float) -> str:
@@ -370,42 +351,31 @@ def _duration(seconds: float) -> str:
 
 def _job_view(row: JobRow | None, job_id: str, store: ObjectStore) -> dict[str, Any]:
     from paperlane.storage.jobs import job_timings
+    from paperlane.storage.views import job_view
 
     if row is None:
         return {"job_id": job_id, "status": None, "error": "no such job"}
-    unpublished = row.status == JobStatus.QUEUED.value and row.enqueued_at is None
-    return {
-        "job_id": row.id, "status": "unpublished" if unpublished else row.status, "lane": row.lane,
-        "task": row.task, "source": row.source,
-        "page": row.page, "attempts": row.attempts, "error": row.error, "error_stage": row.error_stage,
-        "engine": row.engine, "timings": job_timings(row),
-        "worker": row.worker if row.status == JobStatus.RUNNING.value else None,
-        "lease_until": row.lease_until.isoformat() if row.status == JobStatus.RUNNING.value and row.lease_until
-        else None,
-        "result": store.url(row.result_key) if row.result_key else None,
-        "annotated": store.url(row.annotated_key) if row.annotated_key else None,
-        "created_at": row.created_at.isoformat() if row.created_at else None,
-        "finished_at": row.finished_at.isoformat() if row.finished_at else None,
-    }
+    return job_view(row, job_timings(row), result_url=store.url(row.result_key) if row.result_key else None,
+                    annotated_url=store.url(row.annotated_key) if row.annotated_key else None)
 
 
 def _print_job(v: dict[str, Any]) -> None:
-    colour = {"succeeded": "green", "failed": "red", "running": "yellow"}.get(v["status"] or "", "white")
-    out.print(f"[bold]{v['job_id']}[/]  [{colour}]{v['status'] or 'unknown'}[/]", highlight=False)
+    state = PageState(v["status"]) if v["status"] else None
+    out.print(f"[bold]{v['job_id']}[/]  [{_colour(state)}]{v['status'] or 'unknown'}[/]", highlight=False)
     if v["status"] is None:
         out.print("  no such job")
         return
-    out.print(f"  {v['source']} page {v['page']}  lane={v['lane']} task={v['task']} attempts={v['attempts']}",
+    out.print(f"  {escape(v['source'])} page {v['page']}  lane={v['lane']} task={v['task']} attempts={v['attempts']}",
               highlight=False)
     if v["worker"]:
         out.print(f"  held by {v['worker']} (lease until {v['lease_until']})", highlight=False)
     if v["error"]:
-        out.print(f"  error ({v['error_stage'] or '?'}): {v['error']}", highlight=False)
+        out.print(f"  error ({v['error_stage'] or '?'}): {escape(v['error'])}", highlight=False)
     if v["timings"]:
         out.print("  " + "  ".join(f"{k}={s * 1000:.0f}ms" for k, s in v["timings"].items()))
     for key in ("result", "annotated"):
         if v[key]:
-            out.print(f"  {key}: {v[key]}", highlight=False)
+            out.print(f"  {key}: {escape(v[key])}", highlight=False)
 
 
 @app.command()
@@ -413,20 +383,13 @@ def report(
     last: Annotated[int, typer.Option("--last", help="the most recent N finished pages")] = 1000,
 ) -> None:
     """Where the time goes: per-stage p50, p95 and share over recently finished pages."""
-    from sqlalchemy import select
-
     from paperlane.storage.db import Database
-    from paperlane.storage.jobs import job_timings
-    from paperlane.storage.tables import JobRow
+    from paperlane.storage.jobs import recent_timings
 
     settings = _settings()
-    db = Database(settings.database_url)
-    db.upgrade()
-    with db.session() as s:
-        rows = s.scalars(select(JobRow).where(JobRow.finished_at.is_not(None))
-                         .order_by(JobRow.finished_at.desc()).limit(last)).all()
-    out.print(f"{len(rows)} finished pages")
-    _print_time_table([job_timings(r) for r in rows])
+    timings = recent_timings(Database(settings.database_url), last=last)
+    out.print(f"{len(timings)} finished pages")
+    _print_time_table(timings)
 
 
 @db_app.command("upgrade")
@@ -449,7 +412,7 @@ def api(
     port: Annotated[int | None, typer.Option("--port", help="port (default: settings, api.port)")] = None,
 ) -> None:
     """Serve the HTTP API and its web page (OpenAPI at /docs, metrics at /metrics)."""
-    from paperlane.producer.api import serve
+    from paperlane.producer.api.app import serve
 
     settings = _settings()
     _configure_logging(min(_state.log_level, logging.INFO))
@@ -525,16 +488,15 @@ def dead_letters(
     job): newest first, with why, the queue and when."""
     from dataclasses import asdict
 
-    from rich.markup import escape
-
+    from paperlane.priority.connection import open_redis
     from paperlane.priority.deadletter import DeadLetters
 
-    settings = _settings()
-    letters = DeadLetters.from_url(settings.redis.url)
+    client = open_redis(_settings().redis)
     try:
+        letters = DeadLetters(client)
         found = letters.purge() if purge else letters.recent(limit)
     finally:
-        letters.close()
+        client.close()
     if as_json:
         print(json.dumps([asdict(d) for d in found], indent=1, ensure_ascii=False))
         return

@@ -9,8 +9,11 @@
      ├── StorageError             object store or database failed
      │    ├── StorageUnavailable  cannot reach it (retryable)
      │    └── ObjectNotFound      a key that should exist does not
-     ├── JobNotFound              no such job id
-     └── WorkerStopping           the worker stopped before the page was done: back to its lane (retryable)
+     ├── NotFound                 no such id (the API answers 404)
+     │    ├── JobNotFound, IngestNotFound, DocumentNotFound, PageNotFound, TenantNotFound
+     ├── OutOfMemory              not enough memory for this page now (retryable)
+     └── WorkerStopping           the worker stopped before the page was done: back to its lane, the attempt
+                                  not counted (retryable)
 
 Every error carries the pipeline ``stage`` it happened in and whether retrying may help.
 Third-party exceptions (boto3, redis, httpx, SQLAlchemy, OpenCV) are mapped onto this tree
@@ -85,8 +88,43 @@ class ObjectNotFound(StorageError):
     """An object that should exist is missing."""
 
 
-class JobNotFound(PaperlaneError):
-    """No job has this id."""
+class NotFound(PaperlaneError):
+    """No such resource: what ``what`` names has no row with this id."""
+
+    what = "resource"
+
+    def __init__(self, resource_id: str, *, stage: str | None = None, retryable: bool | None = None) -> None:
+        super().__init__(f"no {self.what} with id {resource_id}", stage=stage, retryable=retryable)
+        self.resource_id = resource_id
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.resource_id,), {"stage": self.stage, "retryable": self.retryable})
+
+
+class JobNotFound(NotFound):
+    what = "job"
+
+
+class IngestNotFound(NotFound):
+    what = "ingest"
+
+
+class DocumentNotFound(NotFound):
+    what = "document"
+
+
+class PageNotFound(NotFound):
+    what = "page"
+
+
+class TenantNotFound(NotFound):
+    what = "tenant"
+
+
+class OutOfMemory(PaperlaneError):
+    """Memory ran out while working on a page: a later try, with the worker less busy, may succeed."""
+
+    default_retryable = True
 
 
 class WorkerStopping(PaperlaneError):

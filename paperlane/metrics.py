@@ -1,6 +1,6 @@
 """Prometheus series of paperlane's processes (prometheus-client's default registry).
 
-The API serves them at ``/metrics``; each worker process on ``metrics.port`` (``workers.metrics``, which
+The API serves them at ``/metrics``; each worker process on ``metrics.port`` (``workers.exporter``, which
 also adds the lanes' queue depths and, where NVML finds a GPU, its memory, utilisation and temperature).
 Names are ``paperlane_*``.
 """

@@ -11,16 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-
-class JobStatus(str, Enum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-
-    @property
-    def terminal(self) -> bool:
-        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED)
+from paperlane.status import JobStatus
 
 
 class Task(str, Enum):

@@ -128,6 +128,9 @@ class WorkerSettings(BaseModel):
     shutdown_grace: float = Field(25.0, ge=0, description="seconds a stopping worker (SIGTERM) lets its pages in "
                                   "the engine finish before it hands them back too; keep it below the supervisor's "
                                   "kill timeout (compose stop_grace_period, Kubernetes terminationGracePeriodSeconds)")
+    sweep_interval: float = Field(60.0, gt=0, description="seconds between a worker's looks for queued pages whose "
+                                  "message never went out or was lost by Redis (it reads Redis whole then, while "
+                                  "it holds at most 5,000 messages), and for document outputs nobody is writing")
 
 
 class IngestSettings(BaseModel):

@@ -1,6 +1,6 @@
 """The Celery application's configuration, shared by the producer (publishes) and the workers.
 
-Settings verified in shared/notes/celery-priority.md: kombu's ``priority`` queue-order strategy
+Settings verified on celery 5.6/kombu 5.7 with Redis 7: kombu's ``priority`` queue-order strategy
 makes message priority (0 first) dominate queue order on Redis; prefetch 1 and late acks keep
 reserved-but-not-started messages few, so priority still holds, and a killed worker's message is
 redelivered. A message on a lane that is not a page message is set aside, not taken (``priority.transport``).
@@ -12,7 +12,8 @@ from typing import Any
 
 from celery import Celery
 
-from paperlane.priority.lanes import BROKER_PRIORITY_SEP, PRIORITY_STEPS, TASK_PROCESS_PAGE, Lane
+from paperlane.priority import keys
+from paperlane.priority.lanes import PRIORITY_STEPS, TASK_PROCESS_PAGE, Lane
 from paperlane.settings import Settings
 
 
@@ -22,7 +23,7 @@ def make_celery(settings: Settings) -> Celery:
     transport = {
         "queue_order_strategy": "priority",
         "priority_steps": PRIORITY_STEPS,
-        "sep": BROKER_PRIORITY_SEP,
+        "sep": keys.PRIORITY_SEP,
         "visibility_timeout": settings.redis.visibility_timeout,
         # How often a worker looks for messages whose worker died (un-acked past the timeout).
         "unacked_restore_interval": min(10.0, max(1.0, settings.redis.visibility_timeout / 4)),
@@ -50,11 +51,9 @@ def make_celery(settings: Settings) -> Celery:
     return app
 
 
-
-
-def send_page(app: Celery, job_id: str, lane: Lane, priority: int, *, producer: Any = None) -> None:
+def send_page(app: Celery, job_id: str, lane: Lane, message_priority: int, *, producer: Any = None) -> None:
     """Publish one page's message on its lane's queue at its message priority (0 first).
 
     Raises kombu's OperationalError when the broker is unreachable (callers map it).
     """
-    app.send_task(TASK_PROCESS_PAGE, args=[job_id], queue=lane.queue, priority=priority, producer=producer)
+    app.send_task(TASK_PROCESS_PAGE, args=[job_id], queue=lane.queue, priority=message_priority, producer=producer)

@@ -2,7 +2,7 @@
 
 A message that is not a page message (``priority.messages``) or names no job is logged and pushed
 here with why, the queue it came from and when; the worker goes on with the next one. One Redis
-list (``DEAD_LETTER_KEY``), newest first, trimmed to the newest ``DEAD_LETTER_KEEP`` entries, each
+list (``keys.DEAD_LETTERS``), newest first, trimmed to the newest ``KEEP`` entries, each
 entry one JSON object holding the message as it was on the queue (cut at ``MAX_MESSAGE_BYTES``).
 ``paperlane dead-letters`` lists them and can purge them.
 """
@@ -18,11 +18,12 @@ from datetime import UTC, datetime
 import redis
 
 from paperlane.errors import StorageUnavailable
-from paperlane.priority.lanes import DEAD_LETTER_KEEP, DEAD_LETTER_KEY
+from paperlane.priority import keys
 
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 64 * 1024
+KEEP = 1000  # entries kept, the newest
 
 
 @dataclass(frozen=True)
@@ -61,23 +62,19 @@ class DeadLetter:
 class DeadLetters:
     """The dead-letter list in Redis."""
 
-    def __init__(self, client: redis.Redis, *, keep: int = DEAD_LETTER_KEEP) -> None:
+    def __init__(self, client: redis.Redis, *, keep: int = KEEP) -> None:
         self._redis = client
         self._keep = keep
-
-    @classmethod
-    def from_url(cls, url: str, *, keep: int = DEAD_LETTER_KEEP) -> DeadLetters:
-        return cls(redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5), keep=keep)
 
     def add(self, raw: bytes | str, *, reason: str, queue: str | None) -> bool:
         """Set ``raw`` aside with ``reason``; whether it was kept. Never raises: a broker that cannot take
         it gets the message into the log instead (the worker goes on either way)."""
         letter = DeadLetter.of(raw, reason=reason, queue=queue)
-        log.error("message on %s set aside in %s: %s", queue or "?", DEAD_LETTER_KEY, reason)
+        log.error("message on %s set aside in %s: %s", queue or "?", keys.DEAD_LETTERS, reason)
         try:
             pipe = self._redis.pipeline(transaction=True)
-            pipe.lpush(DEAD_LETTER_KEY, letter.to_json())
-            pipe.ltrim(DEAD_LETTER_KEY, 0, self._keep - 1)
+            pipe.lpush(keys.DEAD_LETTERS, letter.to_json())
+            pipe.ltrim(keys.DEAD_LETTERS, 0, self._keep - 1)
             pipe.execute()
             return True
         except redis.RedisError as exc:
@@ -87,7 +84,7 @@ class DeadLetters:
     def recent(self, limit: int | None = None) -> list[DeadLetter]:
         """The entries, newest first (at most ``limit``). Raises StorageUnavailable."""
         try:
-            entries = self._redis.lrange(DEAD_LETTER_KEY, 0, -1 if limit is None else limit - 1)
+            entries = self._redis.lrange(keys.DEAD_LETTERS, 0, -1 if limit is None else limit - 1)
         except redis.RedisError as exc:
             raise StorageUnavailable(f"broker unreachable: {exc}") from exc
         return [DeadLetter.from_json(e) for e in entries]
@@ -96,12 +93,9 @@ class DeadLetters:
         """Empty the list at once; the entries it held, newest first. Raises StorageUnavailable."""
         try:
             pipe = self._redis.pipeline(transaction=True)
-            pipe.lrange(DEAD_LETTER_KEY, 0, -1)
-            pipe.delete(DEAD_LETTER_KEY)
+            pipe.lrange(keys.DEAD_LETTERS, 0, -1)
+            pipe.delete(keys.DEAD_LETTERS)
             entries, _ = pipe.execute()
         except redis.RedisError as exc:
             raise StorageUnavailable(f"broker unreachable: {exc}") from exc
         return [DeadLetter.from_json(e) for e in entries]
-
-    def close(self) -> None:
-        self._redis.close()

@@ -1,27 +1,57 @@
-"""Delayed retries that live in Redis, not in a worker: pages due later, put back on their lane when due.
+"""Delayed retries: pages due later, put back on their lane when due. One interface, two places to keep them.
 
-A page that failed in a way a later try may fix (engine or object store unreachable) waits out its
-backoff here: a sorted set scored by the time it is due (Redis server time, so workers' clocks
-may differ). Its lane and message priority travel with it, so when it is due it goes back onto the
-same lane queue, at the same priority, as a fresh message. Nothing is held in a worker's memory (no
-Celery countdown/ETA message, which a worker keeps reserved outside the lanes, beyond the prefetch
-limit, and takes down with it): a worker that dies leaves its delayed pages to the others.
+``Delayed`` is what a runner needs: ``add`` a page due after some seconds, ``claim_due`` the pages that are
+due and how long until the next one is, ``released`` once the claimed pages are back on their lanes. The
+retry policy (``paperlane.retry``) says how long; this module only keeps pages until then.
 
-Every worker runs a ``RetryClock`` (``paperlane.workers.retry_clock``): it sleeps until the earliest
-due time it knows of and wakes when a worker adds a page (a PUBLISH on ``DELAYED_CHANNEL``). Claiming
-is atomic: a due page moves into a "releasing" set in the same script that takes it, is published,
-then dropped from that set; one whose releaser died half-way is put back after ``STALE_S``. The
-cost is a few commands per delayed page, nothing per unit of time.
+- ``DelayedPages``: in Redis, for workers. A page that failed in a way a later try may fix waits out its
+  backoff here: a sorted set scored by the time it is due (Redis server time, so workers' clocks may differ).
+  Its lane and message priority travel with it, so when it is due it goes back onto the same lane queue, at
+  the same priority, as a fresh message. Nothing is held in a worker's memory (no Celery countdown/ETA message,
+  which a worker keeps reserved outside the lanes, beyond the prefetch limit, and takes down with it): a worker
+  that dies leaves its delayed pages to the others. Every worker runs a ``RetryClock``
+  (``paperlane.workers.retry_clock``): it sleeps until the earliest due time it knows of and wakes when a worker
+  adds a page (a PUBLISH on ``keys.DELAYED_CHANNEL``). Claiming is atomic: a due page moves into a "releasing"
+  set in the same script that takes it, is published, then dropped from that set; one whose releaser died
+  half-way is put back after ``STALE_S``. The cost is a few commands per delayed page, nothing per unit of time.
+- ``InMemoryDelayed``: in the process, for ``paperlane run``, whose pages live and die with it.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import time
 from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 import redis
 
 from paperlane.errors import StorageUnavailable
-from paperlane.priority.lanes import DELAYED_CHANNEL, DELAYED_KEY, RELEASING_KEY, Lane
+from paperlane.priority import keys
+from paperlane.priority.lanes import Lane
+
+T = TypeVar("T")
+
+
+class Delayed(Protocol[T]):
+    def add(self, page: T, delay: float) -> None:
+        """Keep ``page`` until ``delay`` seconds from now. Raises StorageUnavailable."""
+        ...
+
+    def claim_due(self, *, limit: int = 100) -> tuple[list[T], float | None]:
+        """Take the pages that are due (each claimed by one caller only), and the seconds until the next one is
+        (None: nothing is delayed). Claimed pages must be ``released`` once they are back on their lanes."""
+        ...
+
+    def released(self, pages: list[T]) -> None:
+        """The claimed ``pages`` are back on their lanes."""
+        ...
+
+    def pending(self) -> int:
+        """Pages delayed or being released."""
+        ...
+
 
 STALE_S = 30.0  # a page claimed this long ago and still not released: its releaser died
 
@@ -65,10 +95,10 @@ return out
 class DelayedPage:
     job_id: str
     lane: Lane
-    priority: int
+    message_priority: int
 
     def member(self) -> str:
-        return f"{self.job_id} {self.lane.value} {self.priority}"
+        return f"{self.job_id} {self.lane.value} {self.message_priority}"
 
     @classmethod
     def parse(cls, member: str | bytes) -> DelayedPage:
@@ -86,33 +116,46 @@ class DelayedPages:
         self._schedule = client.register_script(_SCHEDULE)
         self._claim = client.register_script(_CLAIM)
 
-    @classmethod
-    def from_url(cls, url: str, *, stale_s: float = STALE_S) -> DelayedPages:
-        return cls(redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5), stale_s=stale_s)
-
     def add(self, page: DelayedPage, delay: float) -> None:
         """Put ``page`` back on its lane after ``delay`` seconds. Raises StorageUnavailable."""
         try:
-            self._schedule(keys=[DELAYED_KEY], args=[page.member(), max(0.0, delay)])
-            self._redis.publish(DELAYED_CHANNEL, b"1")
+            self._schedule(keys=[keys.DELAYED], args=[page.member(), max(0.0, delay)])
+            self._redis.publish(keys.DELAYED_CHANNEL, b"1")
         except redis.RedisError as exc:
             raise StorageUnavailable(f"broker unreachable: {exc}", stage="inference") from exc
 
     def claim_due(self, *, limit: int = 100) -> tuple[list[DelayedPage], float | None]:
-        """Take the pages that are due (each is claimed by one caller only), and the seconds until the
-        next one is (None: nothing delayed). Claimed pages must be ``released`` once published."""
-        wait, *members = self._claim(keys=[DELAYED_KEY, RELEASING_KEY], args=[limit, self._stale_s])
+        wait, *members = self._claim(keys=[keys.DELAYED, keys.RELEASING], args=[limit, self._stale_s])
         seconds = float(wait)
         return [DelayedPage.parse(m) for m in members], (None if seconds < 0 else seconds)
 
     def released(self, pages: list[DelayedPage]) -> None:
-        """The claimed ``pages`` are back on their lanes."""
         if pages:
-            self._redis.zrem(RELEASING_KEY, *(p.member() for p in pages))
+            self._redis.zrem(keys.RELEASING, *(p.member() for p in pages))
 
     def pending(self) -> int:
-        """Pages delayed or being released (for status and tests)."""
-        return int(self._redis.zcard(DELAYED_KEY)) + int(self._redis.zcard(RELEASING_KEY))
+        return int(self._redis.zcard(keys.DELAYED)) + int(self._redis.zcard(keys.RELEASING))
 
-    def close(self) -> None:
-        self._redis.close()
+
+class InMemoryDelayed(Generic[T]):
+    """Delayed pages held in this process (``paperlane run``): a heap by due time. Not thread-safe: one
+    scheduler thread adds and claims."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, T]] = []
+        self._seq = itertools.count()
+
+    def add(self, page: T, delay: float) -> None:
+        heapq.heappush(self._heap, (time.monotonic() + max(0.0, delay), next(self._seq), page))
+
+    def claim_due(self, *, limit: int = 100) -> tuple[list[T], float | None]:
+        now, due = time.monotonic(), list[T]()
+        while self._heap and self._heap[0][0] <= now and len(due) < limit:
+            due.append(heapq.heappop(self._heap)[2])
+        return due, (max(0.0, self._heap[0][0] - now) if self._heap else None)
+
+    def released(self, pages: list[T]) -> None:
+        pass  # claimed pages leave the heap at once: nobody else could claim them
+
+    def pending(self) -> int:
+        return len(self._heap)

@@ -13,11 +13,10 @@ from typing import Any
 
 import redis
 
+from paperlane.priority import keys
 from paperlane.priority.delayed import DelayedPage
-from paperlane.priority.lanes import DELAYED_KEY, RELEASING_KEY, Lane, broker_keys
+from paperlane.priority.lanes import Lane, broker_keys
 from paperlane.priority.messages import BadMessage, page_job_id
-
-UNACKED_KEY = "unacked"  # kombu's Redis transport: delivery tag -> [message, exchange, routing key]
 
 
 def jobs_in_redis(client: redis.Redis, *, limit: int) -> set[str] | None:
@@ -27,18 +26,18 @@ def jobs_in_redis(client: redis.Redis, *, limit: int) -> set[str] | None:
     with client.pipeline(transaction=False) as pipe:
         for key in lanes:
             pipe.llen(key)
-        pipe.hlen(UNACKED_KEY)
-        pipe.zcard(DELAYED_KEY)
-        pipe.zcard(RELEASING_KEY)
+        pipe.hlen(keys.UNACKED)
+        pipe.zcard(keys.DELAYED)
+        pipe.zcard(keys.RELEASING)
         sizes = pipe.execute()
     if sum(sizes) > limit:
         return None
     with client.pipeline(transaction=True) as pipe:  # one snapshot: a message moving is seen once
         for key in lanes:
             pipe.lrange(key, 0, -1)
-        pipe.hvals(UNACKED_KEY)
-        pipe.zrange(DELAYED_KEY, 0, -1)
-        pipe.zrange(RELEASING_KEY, 0, -1)
+        pipe.hvals(keys.UNACKED)
+        pipe.zrange(keys.DELAYED, 0, -1)
+        pipe.zrange(keys.RELEASING, 0, -1)
         *queued, unacked, delayed, releasing = pipe.execute()
     found: set[str] = set()
     for raw in (m for messages in queued for m in messages):

@@ -34,26 +34,14 @@ from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
+from paperlane import filetypes
 from paperlane.errors import InputError, PaperlaneError, StorageUnavailable, UsageError
+from paperlane.filetypes import FileType
 from paperlane.pdfium import LOCK as PDFIUM_LOCK
 from paperlane.settings import IngestSettings
 
 log = logging.getLogger(__name__)
 
-_EXT_FORMAT = {
-    ".jpg": "jpeg", ".jpeg": "jpeg", ".png": "png", ".webp": "webp", ".bmp": "bmp", ".gif": "gif", ".jp2": "jp2",
-    ".pbm": "pnm", ".pgm": "pnm", ".ppm": "pnm", ".tif": "tiff", ".tiff": "tiff", ".pdf": "pdf", ".zip": "zip",
-    ".tar": "tar", ".tgz": "tar", ".tar.gz": "tar", ".tar.bz2": "tar", ".tar.xz": "tar",
-}
-_FORMAT_EXT = {"jpeg": ".jpg", "png": ".png", "webp": ".webp", "bmp": ".bmp", "gif": ".gif", "jp2": ".jp2",
-               "pnm": ".pnm", "tiff": ".tif", "pdf": ".pdf"}  # a document's extension when its name is wrong
-_TAR_SUFFIXES = (".tar.gz", ".tar.bz2", ".tar.xz")
-_MAGIC = (
-    (b"\xff\xd8\xff", "jpeg"), (b"\x89PNG\r\n\x1a\n", "png"), (b"II*\x00", "tiff"), (b"MM\x00*", "tiff"),
-    (b"II+\x00", "tiff"), (b"MM\x00+", "tiff"), (b"PK\x03\x04", "zip"), (b"PK\x05\x06", "zip"), (b"GIF8", "gif"),
-    (b"\x1f\x8b", "tar"), (b"BZh", "tar"), (b"\xfd7zXZ\x00", "tar"), (b"\x00\x00\x00\x0cjP  ", "jp2"), (b"BM", "bmp"),
-)
-_HEAD = 1024  # a PDF's header may start anywhere in its first 1,024 bytes
 _CHUNK = 1 << 20
 _RATIO_FLOOR = 1 << 20  # small members (a blank page) compress far beyond a bomb's ratio without harm
 _NAME_BYTES = 100
@@ -134,15 +122,10 @@ def expand(paths: Iterable[str | Path], limits: IngestSettings, *, s3: Any = Non
 
 def expand_upload(source: str, name: str, fh: IO[bytes], size: int,
                   limits: IngestSettings) -> Iterator[Document | Skipped]:
-    """An uploaded file (the HTTP API, which checks its type by ``sniff`` first): a document, or an archive's
+    """An uploaded file (the HTTP API, which checks its type by ``filetypes.sniff`` first): a document, or an archive's
     documents. ``fh`` is seekable (a spooled temporary file); it is closed when read."""
     item = _Item(source, name, size, lambda: fh, seekable=True)
     yield from _guarded(item, "upload", _item(item, limits, 0, explicit=True))
-
-
-def sniff(head: bytes) -> str | None:
-    """The format the first bytes of a file say (``"jpeg"``, ``"pdf"``, ``"zip"``, ...), or None."""
-    return _sniff(head)
 
 
 def safe_name(name: str) -> str:
@@ -231,17 +214,17 @@ def _item(item: _Item, limits: IngestSettings, depth: int, *, explicit: bool) ->
     if not explicit and _hidden(item.name):
         yield Skipped(item.source, "hidden file")
         return
-    if not explicit and _ext_format(item.name) is None:
+    if not explicit and filetypes.of_name(item.name) is None:
         yield Skipped(item.source, "unsupported file type")
         return
     started = time.perf_counter()
     try:
         with item.open() as stream:
             head = _head(stream)
-            fmt = _sniff(head) or _ext_format(item.name)
+            fmt = filetypes.sniff(head) or filetypes.of_name(item.name)
             if fmt is None:
                 raise _Refused("unsupported file type")
-            if fmt in ("zip", "tar"):
+            if fmt.archive:
                 yield from _archive(item, fmt, head, stream, limits, depth)
                 return
             _check(item, item.size, limits.max_document_bytes, "max_document_bytes", limits)
@@ -255,11 +238,11 @@ def _item(item: _Item, limits: IngestSettings, depth: int, *, explicit: bool) ->
     yield document
 
 
-def _archive(item: _Item, fmt: str, head: bytes, stream: IO[bytes], limits: IngestSettings,
+def _archive(item: _Item, fmt: FileType, head: bytes, stream: IO[bytes], limits: IngestSettings,
              depth: int) -> Iterator[Document | Skipped]:
     if depth > limits.max_depth:
         raise _Refused(f"archive nested more than {limits.max_depth} deep (ingest.max_depth)")
-    members = _zip if fmt == "zip" else _tar
+    members = _zip if fmt is FileType.ZIP else _tar
     if item.seekable:  # a local file, read in place: bounded by what it holds
         stream.seek(0)
         yield from members(item, stream, head, limits, depth + 1)
@@ -465,18 +448,18 @@ def _listing_error(url: str, exc: Exception) -> PaperlaneError:
     return StorageUnavailable(f"cannot list {url}: {code}", stage="upload")
 
 
-def _document(item: _Item, fmt: str, data: bytes, limits: IngestSettings) -> Document:
-    ext = _split(item.name)[1]
-    ext = ext if _EXT_FORMAT.get(ext) == fmt else _FORMAT_EXT[fmt]
+def _document(item: _Item, fmt: FileType, data: bytes, limits: IngestSettings) -> Document:
+    ext = filetypes.document_ext(item.name, fmt)
     if not data:
         return _refusal(item.source, item.name, "empty file", ext)
     try:
-        pages = _pdf_pages(data) if fmt == "pdf" else _tiff_pages(data, limits.max_pages) if fmt == "tiff" else 1
+        pages = (_pdf_pages(data) if fmt is FileType.PDF
+                 else _tiff_pages(data, limits.max_pages) if fmt is FileType.TIFF else 1)
     except _Refused as exc:
         return _refusal(item.source, item.name, str(exc), ext)
     except Exception as exc:  # PDF and TIFF parsers raise a zoo of errors on hostile files
         log.debug("cannot count the pages of %s", item.source, exc_info=exc)
-        return _refusal(item.source, item.name, f"unreadable {fmt.upper()}", ext)
+        return _refusal(item.source, item.name, f"unreadable {fmt.value.upper()}", ext)
     if pages > limits.max_pages:
         return _refusal(item.source, item.name, f"more than {limits.max_pages:,} pages (ingest.max_pages)", ext)
     return Document(item.source, _safe_name(item.name), ext, data, pages)
@@ -519,35 +502,9 @@ def _tiff_pages(data: bytes, cap: int) -> int:
 
 def _head(stream: IO[bytes]) -> bytes:
     head = b""
-    while len(head) < _HEAD and (chunk := stream.read(_HEAD - len(head))):
+    while len(head) < filetypes.HEAD and (chunk := stream.read(filetypes.HEAD - len(head))):
         head += chunk
     return head
-
-
-def _sniff(head: bytes) -> str | None:
-    """The format the first bytes say, or None."""
-    for magic, fmt in _MAGIC:
-        if head.startswith(magic):
-            return fmt
-    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        return "webp"
-    if b"%PDF-" in head:
-        return "pdf"
-    if head[257:262] == b"ustar":
-        return "tar"
-    return None
-
-
-def _split(name: str) -> tuple[str, str]:
-    """The file name at the end of ``name`` as (stem, lower-case extension); ``.tar.gz`` and its kin are one."""
-    base = re.split(r"[/\\]", name)[-1]
-    low = base.lower()
-    ext = next((s for s in _TAR_SUFFIXES if low.endswith(s)), None) or os.path.splitext(low)[1]
-    return base[:len(base) - len(ext)], ext
-
-
-def _ext_format(name: str) -> str | None:
-    return _EXT_FORMAT.get(_split(name)[1])
 
 
 def _hidden(name: str) -> bool:
@@ -556,13 +513,13 @@ def _hidden(name: str) -> bool:
 
 def _safe_name(name: str) -> str:
     """The output stem: no '/', NUL or control character, no leading '.', at most 100 UTF-8 bytes, never empty."""
-    stem = _split(name)[0].encode("utf-8", "replace").decode()  # a tar name may hold undecodable bytes
+    stem = filetypes.split_name(name)[0].encode("utf-8", "replace").decode()  # a tar name may hold undecodable bytes
     stem = re.sub(r"[\x00-\x1f\x7f]", "_", stem).lstrip(".")
     return stem.encode()[:_NAME_BYTES].decode("utf-8", "ignore") or "document"
 
 
 def _refusal(source: str, name: str, why: str, ext: str | None = None) -> Document:
-    return Document(source, _safe_name(name), _split(name)[1] if ext is None else ext, b"", 1,
+    return Document(source, _safe_name(name), filetypes.split_name(name)[1] if ext is None else ext, b"", 1,
                     InputError(why, stage="upload"))
 
 

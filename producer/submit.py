@@ -9,7 +9,8 @@ A page's job is keyed by its original's content hash, its page number in it and 
 it, so a page that occurs in several documents is one job: a queued, running or succeeded job is
 left alone, a failed one is queued again (or any one, with ``force``), and one whose message never
 reached the broker (it was down) is published now. An ingest interrupted and started again with the
-same sources resumes: the documents it registered are not read into the store again.
+same sources resumes: the documents it registered are not read into the store again. A document whose
+pages are all final when it is registered has its outputs due from that registration, like any other.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ import uuid
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
 from paperlane.errors import public_reason
 from paperlane.priority.lanes import Lane, message_priority
 from paperlane.producer.inputs import Document, Skipped
-from paperlane.schemas import JobStatus, Stage, TaskSpec
+from paperlane.schemas import Stage, TaskSpec
 from paperlane.settings import IngestSettings
+from paperlane.status import JobStatus, PageState
 from paperlane.storage import ingests
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database, utcnow
@@ -53,7 +56,16 @@ class Work:
 
     job_id: str
     lane: Lane
-    priority: int
+    message_priority: int
+
+
+class SubmitAction(str, Enum):
+    """What registering a page did about its job."""
+
+    QUEUED = PageState.QUEUED.value  # a new job (or one whose message never went out), published
+    REQUEUED = "requeued"  # a failed job (or any, with force) queued again
+    EXISTS = "exists"  # queued, running or done already: left as it is
+    REFUSED = JobStatus.FAILED.value  # the document was refused: its page's job failed at registration
 
 
 class Publisher(Protocol):
@@ -76,7 +88,7 @@ class SubmittedPage:
     job_id: str
     lane: Lane
     status: JobStatus  # the job's state once registered
-    action: str  # "queued" | "requeued" | "exists" | "failed"
+    action: SubmitAction
     error: str | None = None  # the document was refused: why
 
 
@@ -117,12 +129,12 @@ class Submitter:
     """Registers documents into one ingest; iterate ``submit`` to drive it."""
 
     def __init__(self, *, db: Database, store: ObjectStore, spec: TaskSpec, lane: Lane = Lane.BATCH,
-                 level: int = 0, force: bool = False, publisher: Publisher | None = None,
+                 priority: int = 0, force: bool = False, publisher: Publisher | None = None,
                  limits: IngestSettings | None = None, resume: bool = True, chunk_pages: int = CHUNK_PAGES,
                  owner: ingests.Owner | None = None, uploads: ThreadPoolExecutor | None = None) -> None:
         self.db, self.store, self.spec, self.lane, self.force = db, store, spec, lane, force
         self.owner = owner or ingests.Owner()
-        self.priority = message_priority(lane, level)
+        self.message_priority = message_priority(lane, priority)
         self.task_options = spec.model_dump(mode="json", exclude={"task"})
         self.publisher = publisher
         self.limits = limits or IngestSettings()
@@ -248,12 +260,11 @@ class Submitter:
                 refs.append((doc, page))
         found = ingests.register(self.db, ingest_id, jobs=jobs, documents=[d.row for d in chunk], pages=pages)
         actions = self._settle(found, {p.job_id for d, p in refs if d.row.error is not None})
-        self._publish_finished(found.finished_documents, {d.row.id: p.job_id for d, p in refs})
         self.summary.documents += len(found.new_documents)
         self.summary.pages += len(pages)
         for doc, page in refs:
             action, status = actions[page.job_id]
-            self.summary.actions[action] = self.summary.actions.get(action, 0) + 1
+            self.summary.actions[action.value] = self.summary.actions.get(action.value, 0) + 1
             yield SubmittedPage(ingest_id=ingest_id, document_id=doc.row.id, page_id=page.id, source=doc.row.source,
                                 name=doc.row.name, page_no=page.page_no, page_count=doc.row.pages_total,
                                 job_id=page.job_id, lane=self.lane, status=status, action=action, error=doc.row.error)
@@ -268,40 +279,31 @@ class Submitter:
             status, error, stage = JobStatus.QUEUED.value, None, None
         now = utcnow()
         return dict(id=job_id_for(key), job_key=key, content_sha256=doc.data_sha or key, source=doc.row.source,
-                    page=page_no, lane=self.lane.value, priority=self.priority, task=self.spec.task.value,
+                    page=page_no, lane=self.lane.value, priority=self.message_priority, task=self.spec.task.value,
                     task_options=self.task_options, status=status, attempts=0,
                     error=error, error_stage=stage, original_key=doc.row.original_key, upload_s=upload_s,
                     created_at=now, updated_at=now, finished_at=now if error else None)
 
-    def _settle(self, found: ingests.Registered, refused: set[str]) -> dict[str, tuple[str, JobStatus]]:
+    def _settle(self, found: ingests.Registered, refused: set[str]) -> dict[str, tuple[SubmitAction, JobStatus]]:
         """What happens to each job of the chunk: published, requeued, or left as it is."""
-        actions: dict[str, tuple[str, JobStatus]] = {}
+        actions: dict[str, tuple[SubmitAction, JobStatus]] = {}
         publish: list[str] = []
         for job_id, status in found.job_status.items():
             if job_id in refused:
-                actions[job_id] = ("failed", status)
+                actions[job_id] = (SubmitAction.REFUSED, status)
             elif job_id in found.new_jobs or job_id in found.unpublished:
-                actions[job_id] = ("queued", status)
+                actions[job_id] = (SubmitAction.QUEUED, status)
                 publish.append(job_id)
-            elif self.force or status is JobStatus.FAILED:
-                if status.terminal:
-                    jobstore.requeue(self.db, job_id)
-                    actions[job_id] = ("requeued", JobStatus.QUEUED)
-                    publish.append(job_id)
-                else:
-                    actions[job_id] = ("exists", status)
+            elif (self.force or status is JobStatus.FAILED) and status.terminal:
+                jobstore.requeue(self.db, job_id)
+                actions[job_id] = (SubmitAction.REQUEUED, JobStatus.QUEUED)
+                publish.append(job_id)
             else:
-                actions[job_id] = ("exists", status)
+                actions[job_id] = (SubmitAction.EXISTS, status)
         if self.publisher is not None and publish:
-            self.publisher.publish([Work(j, self.lane, self.priority) for j in publish])
+            self.publisher.publish([Work(j, self.lane, self.message_priority) for j in publish])
             jobstore.mark_enqueued(self.db, publish)
         return actions
-
-    def _publish_finished(self, documents: list[str], job_of: dict[str, str]) -> None:
-        """Documents whose every page was final at registration: a message for one of their jobs, already
-        final, has the worker that takes it write their outputs (``paperlane run`` writes them itself)."""
-        if self.publisher is not None and documents:
-            self.publisher.publish([Work(job_of[d], self.lane, self.priority) for d in documents])
 
     def _publish_unpublished(self, ingest_id: str) -> None:
         """Jobs an interrupted submit registered and never published."""
@@ -310,7 +312,7 @@ class Submitter:
         work = ingests.unpublished_work(self.db, ingest_id)
         for i in range(0, len(work), self.chunk_pages):
             part = work[i:i + self.chunk_pages]
-            self.publisher.publish([Work(job_id, Lane(lane), priority) for job_id, lane, priority in part])
+            self.publisher.publish([Work(job_id, Lane(lane), msg_priority) for job_id, lane, msg_priority in part])
             jobstore.mark_enqueued(self.db, [job_id for job_id, _, _ in part])
 
 
@@ -329,15 +331,16 @@ class CeleryPublisher:
         try:
             with self._app.producer_or_acquire() as producer:
                 for w in work:
-                    send_page(self._app, w.job_id, w.lane, w.priority, producer=producer)
+                    send_page(self._app, w.job_id, w.lane, w.message_priority, producer=producer)
         except OperationalError as exc:
             raise StorageUnavailable(f"broker unreachable: {exc}", stage=Stage.UPLOAD.value) from exc
 
 
 def submit_documents(documents: Iterable[Document], *, db: Database, store: ObjectStore, spec: TaskSpec,
-                     lane: Lane = Lane.BATCH, level: int = 0, force: bool = False,
+                     lane: Lane = Lane.BATCH, priority: int = 0, force: bool = False,
                      publisher: Publisher | None = None, name: str | None = None) -> list[SubmittedPage]:
     """Register ``documents`` as one new ingest and return their pages (for callers with a few documents)."""
-    submitter = Submitter(db=db, store=store, spec=spec, lane=lane, level=level, force=force, publisher=publisher)
+    submitter = Submitter(db=db, store=store, spec=spec, lane=lane, priority=priority, force=force,
+                          publisher=publisher)
     name = name or f"submit {uuid.uuid4()}"
     return [p for p in submitter.submit(documents, name=name, sources=[]) if isinstance(p, SubmittedPage)]

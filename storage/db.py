@@ -1,7 +1,8 @@
-"""The job database: PostgreSQL in production, SQLite embedded. SQLAlchemy 2 + Alembic.
+"""The database: PostgreSQL in production, SQLite embedded. SQLAlchemy 2 + Alembic.
 
-``Database`` owns the engine and a session factory; the functions in ``storage.jobs`` do the
-reads and writes. SQLAlchemy errors are mapped onto ``StorageUnavailable`` here, at the boundary.
+``Database`` owns the engine, a session factory and the migrations; a session's connection failures
+become ``StorageUnavailable`` here, at the boundary. ``get_row`` reads one row by its key or raises the
+``NotFound`` that names what is missing.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from paperlane.errors import JobNotFound, StorageUnavailable
+from paperlane.errors import NotFound, StorageUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -88,11 +89,11 @@ class Database:
         self.engine.dispose()
 
 
-def get_row(session: Session, table: type[T], row_id: str, what: str) -> T:
-    """The row of ``table`` with this primary key. Raises JobNotFound ("no <what> with id ...")."""
+def get_row(session: Session, table: type[T], row_id: str, missing: type[NotFound]) -> T:
+    """The row of ``table`` with this primary key. Raises ``missing`` (a NotFound) when there is none."""
     row = session.get(table, row_id)
     if row is None:
-        raise JobNotFound(f"no {what} with id {row_id}")
+        raise missing(row_id)
     return row
 
 

@@ -26,8 +26,8 @@ from sqlalchemy import Table, case, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from paperlane.errors import JobNotFound
-from paperlane.schemas import JobStatus
+from paperlane.errors import DocumentNotFound, IngestNotFound, PageNotFound
+from paperlane.status import JobStatus, OutputsState, Progress
 from paperlane.storage import webhooks
 from paperlane.storage.db import Database, as_utc, get_row, utcnow
 from paperlane.storage.tables import DocumentRow, IngestFailureRow, IngestRow, JobRow, PageRow
@@ -144,7 +144,6 @@ class Registered:
     unpublished: set[str] = field(default_factory=set)  # queued jobs whose message never went out
     new_documents: set[str] = field(default_factory=set)
     new_pages: set[str] = field(default_factory=set)
-    finished_documents: list[str] = field(default_factory=list)  # every page already final at registration
 
 
 def register(db: Database, ingest_id: str, *, jobs: list[dict[str, Any]], documents: list[NewDocument],
@@ -175,29 +174,30 @@ def register(db: Database, ingest_id: str, *, jobs: list[dict[str, Any]], docume
                 out.errors[job_id] = error or "unknown"
             if status == JobStatus.QUEUED.value and enqueued_at is None:
                 out.unpublished.add(job_id)
-        out.finished_documents = _count_new(s, ingest_id, documents, pages, out, now)
+        _count_new(s, ingest_id, documents, pages, out, now)
     return out
 
 
 def _count_new(s: Session, ingest_id: str, documents: list[NewDocument], pages: list[NewPage], out: Registered,
-               now: datetime) -> list[str]:
-    """Add the chunk's new documents and pages to the ingest's totals, and its already-final pages to the counts."""
-    final: dict[str, Counter[str]] = {}
+               now: datetime) -> None:
+    """Add the chunk's new documents and pages to the ingest's totals, and its already-final pages to the counts;
+    a new document whose every page is final already is finished, its outputs due."""
+    final: dict[str, Counter[JobStatus]] = {}
     reasons: Counter[str] = Counter()
     for page in pages:
         status = out.job_status.get(page.job_id)
         if page.id in out.new_pages and status is not None and status.terminal:
-            final.setdefault(page.document_id, Counter())[status.value] += 1
+            final.setdefault(page.document_id, Counter())[status] += 1
             if status is JobStatus.FAILED:
                 reasons[out.errors[page.job_id]] += 1
     for reason, n in reasons.items():
         _add_failures(s, ingest_id, reason, n)
     for doc_id, counts in final.items():
         s.execute(update(_DOCUMENTS).where(_DOCUMENTS.c.id == doc_id).values(
-            pages_succeeded=_DOCUMENTS.c.pages_succeeded + counts["succeeded"],
-            pages_failed=_DOCUMENTS.c.pages_failed + counts["failed"]))
-    succeeded = sum(c["succeeded"] for c in final.values())
-    failed = sum(c["failed"] for c in final.values())
+            pages_succeeded=_DOCUMENTS.c.pages_succeeded + counts[JobStatus.SUCCEEDED],
+            pages_failed=_DOCUMENTS.c.pages_failed + counts[JobStatus.FAILED]))
+    succeeded = sum(c[JobStatus.SUCCEEDED] for c in final.values())
+    failed = sum(c[JobStatus.FAILED] for c in final.values())
     values: dict[str, Any] = dict(
         documents_total=_INGESTS.c.documents_total + len(out.new_documents),
         pages_total=_INGESTS.c.pages_total + len(out.new_pages),
@@ -210,8 +210,7 @@ def _count_new(s: Session, ingest_id: str, documents: list[NewDocument], pages: 
     done = [d.id for d in documents if d.id in out.new_documents
             and sum(final.get(d.id, Counter()).values()) >= d.pages_total]
     if done:
-        s.execute(update(_DOCUMENTS).where(_DOCUMENTS.c.id.in_(done)).values(finished_at=now))
-    return done
+        s.execute(update(_DOCUMENTS).where(_DOCUMENTS.c.id.in_(done)).values(finished_at=now, **outputs_due(True)))
 
 
 def _insert(dialect: str, table: Table) -> Any:
@@ -224,11 +223,23 @@ def _add_failures(s: Session, ingest_id: str, reason: str, n: int) -> None:
                                          set_={"pages": _FAILURES.c.pages + stmt.excluded.pages}))
 
 
+def outputs_due(done: Any) -> dict[str, Any]:
+    """The document columns that make its outputs due (``done``, a boolean or SQL condition), or not due (not
+    finished): pending and claimable at once. A finished document whose pages change (a page redone) has them
+    written again; a worker writing them meanwhile no longer holds the claim its write is checked against."""
+    pending = OutputsState.PENDING.value
+    if done is True:
+        return {"outputs": pending, "outputs_attempts": 0, "outputs_claimed_until": None, "outputs_error": None}
+    return {"outputs": case((done, pending), else_=None), "outputs_attempts": 0, "outputs_claimed_until": None,
+            "outputs_error": None}
+
+
 def rollup(s: Session, job_id: str, *, succeeded: int, failed: int, now: datetime,
            reason: str | None = None) -> list[str]:
     """Move every page of ``job_id`` in the counts of its documents and ingests by (succeeded, failed),
     each -1, 0 or +1; ``reason``: the job's failure (the new one, or the one it leaves). Returns the
-    documents whose last page just became final."""
+    documents whose outputs this made due: those whose last page just became final, and finished ones whose
+    pages changed."""
     per_doc = (select(_PAGES.c.document_id, func.count().label("n")).where(_PAGES.c.job_id == job_id)
                .group_by(_PAGES.c.document_id).subquery())
     d = _DOCUMENTS.c
@@ -239,8 +250,9 @@ def rollup(s: Session, job_id: str, *, succeeded: int, failed: int, now: datetim
         update(_DOCUMENTS).where(d.id == per_doc.c.document_id)
         .values(pages_succeeded=d.pages_succeeded + succeeded * per_doc.c.n,
                 pages_failed=d.pages_failed + failed * per_doc.c.n,
-                finished_at=case((done_after, func.coalesce(d.finished_at, now)), else_=None))
-        .returning(d.id, d.finished_at)).all()
+                finished_at=case((done_after, func.coalesce(d.finished_at, now)), else_=None),
+                **outputs_due(done_after))
+        .returning(d.id, d.outputs)).all()
     per_ingest = (select(_PAGES.c.ingest_id, func.count().label("n")).where(_PAGES.c.job_id == job_id)
                   .group_by(_PAGES.c.ingest_id).subquery())
     i = _INGESTS.c
@@ -255,43 +267,22 @@ def rollup(s: Session, job_id: str, *, succeeded: int, failed: int, now: datetim
     if failed:
         for ingest_id, n in s.execute(select(per_ingest.c.ingest_id, per_ingest.c.n)):
             _add_failures(s, ingest_id, reason or "unknown", failed * n)
-    return [doc_id for doc_id, at in finished if at is not None and as_utc(at) == now]
+    return [doc_id for doc_id, outputs in finished if outputs == OutputsState.PENDING.value]
 
 
 # --- status -----------------------------------------------------------------------------------------
-
-
-@dataclass
-class Progress:
-    """Pages of an ingest or a document by state, and how fast they finish."""
-
-    total: int
-    succeeded: int
-    failed: int
-    running: int
-    unpublished: int
-    pages_per_s: float | None = None
-    eta_s: float | None = None
-
-    @property
-    def queued(self) -> int:
-        return max(0, self.total - self.succeeded - self.failed - self.running - self.unpublished)
-
-    @property
-    def done(self) -> bool:
-        return self.succeeded + self.failed >= self.total
 
 
 def ingest_progress(db: Database, ingest_id: str, *,
                     tenant_id: str | None = None) -> tuple[IngestRow, Progress, list[tuple[str, int]]]:
     """The ingest, its progress, and its failures grouped by reason (most frequent first, at most 20).
 
-    Raises JobNotFound (also for another tenant's ingest, when ``tenant_id`` is given)."""
+    Raises IngestNotFound (also for another tenant's ingest, when ``tenant_id`` is given)."""
     with db.session() as s:
         query = select(IngestRow, *_live(_PAGES.c.ingest_id == ingest_id)).where(IngestRow.id == ingest_id)
         found = s.execute(_of_tenant(query, tenant_id)).one_or_none()
         if found is None:
-            raise JobNotFound(f"no ingest with id {ingest_id}")
+            raise IngestNotFound(ingest_id)
         row, running, unpublished = found
         f = _FAILURES.c
         failures = [(r, int(n)) for r, n in s.execute(
@@ -307,14 +298,14 @@ def document_progress(db: Database, document_id: str, *,
                       tenant_id: str | None = None) -> tuple[DocumentRow, Progress, list[tuple[str, int]]]:
     """The document, its progress, and its failures grouped by reason.
 
-    Raises JobNotFound (also for another tenant's document, when ``tenant_id`` is given)."""
+    Raises DocumentNotFound (also for another tenant's document, when ``tenant_id`` is given)."""
     with db.session() as s:
         query = select(DocumentRow, *_live(_PAGES.c.document_id == document_id)).where(DocumentRow.id == document_id)
         if tenant_id is not None:
             query = _of_tenant(query.join(IngestRow, IngestRow.id == DocumentRow.ingest_id), tenant_id)
         found = s.execute(query).one_or_none()
         if found is None:
-            raise JobNotFound(f"no document with id {document_id}")
+            raise DocumentNotFound(document_id)
         row, running, unpublished = found
         failures = _failures(s, _PAGES.c.document_id == document_id) if row.pages_failed else []
     return row, Progress(row.pages_total, row.pages_succeeded, row.pages_failed, int(running or 0),
@@ -361,7 +352,7 @@ class PageView:
 
 
 def get_page(db: Database, page_id: str, *, tenant_id: str | None = None) -> PageView:
-    """A page with its document and job. Raises JobNotFound (also for another tenant's page)."""
+    """A page with its document and job. Raises PageNotFound (also for another tenant's page)."""
     query = (select(PageRow, DocumentRow, JobRow).join(DocumentRow, DocumentRow.id == PageRow.document_id)
              .join(JobRow, JobRow.id == PageRow.job_id).where(PageRow.id == page_id))
     if tenant_id is not None:
@@ -369,7 +360,7 @@ def get_page(db: Database, page_id: str, *, tenant_id: str | None = None) -> Pag
     with db.session() as s:
         found = s.execute(query).one_or_none()
     if found is None:
-        raise JobNotFound(f"no page with id {page_id}")
+        raise PageNotFound(page_id)
     return PageView(*found)
 
 
@@ -383,23 +374,16 @@ def document_pages(db: Database, document_id: str) -> list[tuple[PageRow, JobRow
 
 def get_document(db: Database, document_id: str) -> DocumentRow:
     with db.session() as s:
-        return get_row(s, DocumentRow, document_id, "document")
+        return get_row(s, DocumentRow, document_id, DocumentNotFound)
 
 
-def set_outputs(db: Database, document_id: str, *, json_key: str, markdown_key: str, pdf_key: str | None) -> None:
+def pages_in_flight(db: Database, *, api_key_id: str) -> int:
+    """Pages of the key's unfinished ingests that are not final yet (from the ingests' rolled-up counts)."""
+    i = _INGESTS.c
     with db.session() as s:
-        s.execute(update(_DOCUMENTS).where(_DOCUMENTS.c.id == document_id)
-                  .values(json_key=json_key, markdown_key=markdown_key, pdf_key=pdf_key))
-
-
-def documents_without_outputs(db: Database, job_id: str) -> list[str]:
-    """Finished documents with a page on this job whose outputs were never written (the worker that finished
-    their last page died first, or every page was already final when they were registered)."""
-    d = _DOCUMENTS.c
-    with db.session() as s:
-        return list(s.scalars(select(d.id).select_from(_DOCUMENTS.join(_PAGES, _PAGES.c.document_id == d.id))
-                              .where(_PAGES.c.job_id == job_id, d.finished_at.is_not(None), d.json_key.is_(None))
-                              .distinct()))
+        n = s.scalar(select(func.coalesce(func.sum(i.pages_total - i.pages_succeeded - i.pages_failed), 0))
+                     .where(i.api_key_id == api_key_id, i.finished_at.is_(None)))
+    return int(n or 0)
 
 
 def next_seq(db: Database, ingest_id: str) -> int:

@@ -7,61 +7,21 @@ replaced, not added, and finishing a job that already finished changes nothing i
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import ColumnElement, bindparam, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import IntegrityError
 
 from paperlane.errors import JobNotFound
-from paperlane.schemas import JobStatus, PageResult, Stage
+from paperlane.retry import LOST_WORKER_STAGE, RetryPolicy
+from paperlane.schemas import PageResult, Stage
+from paperlane.status import JobStatus
 from paperlane.storage import ingests
 from paperlane.storage.db import Database, as_utc, get_row, utcnow
 from paperlane.storage.tables import JobRow, ResultRow
 
 STAGE_COLUMNS: dict[Stage, str] = {stage: f"{stage.value}_s" for stage in Stage}
-
-
-@dataclass
-class NewJob:
-    id: str
-    job_key: str
-    content_sha256: str
-    source: str
-    page: int
-    lane: str
-    priority: int
-    task: str
-    task_options: dict = field(default_factory=dict)
-    original_key: str | None = None
-    upload_s: float | None = None
-
-
-def create_job(db: Database, new: NewJob, *, status: JobStatus = JobStatus.QUEUED,
-               error: str | None = None, error_stage: str | None = None) -> tuple[JobRow, bool]:
-    """Insert the job unless one with its key exists; return (row, created)."""
-    existing = _by_key(db, new.job_key)
-    if existing is not None:
-        return existing, False
-    row = JobRow(**vars(new), status=status.value, attempts=0, error=error, error_stage=error_stage,
-                 created_at=utcnow())
-    if status.terminal:
-        row.finished_at = row.created_at
-    try:
-        with db.session() as s:
-            s.add(row)
-    except IntegrityError:  # a concurrent submit of the same page won the race
-        existing = _by_key(db, new.job_key)
-        assert existing is not None
-        return existing, False
-    return row, True
-
-
-def _by_key(db: Database, job_key: str) -> JobRow | None:
-    with db.session() as s:
-        return s.scalars(select(JobRow).where(JobRow.job_key == job_key)).one_or_none()
 
 
 def requeue(db: Database, job_id: str, *, upload_s: float | None = None) -> None:
@@ -84,8 +44,9 @@ def mark_enqueued(db: Database, job_ids: Sequence[str]) -> None:
 
 
 def get_job(db: Database, job_id: str) -> JobRow:
+    """The job's row. Raises JobNotFound."""
     with db.session() as s:
-        return get_row(s, JobRow, job_id, "job")
+        return get_row(s, JobRow, job_id, JobNotFound)
 
 
 def get_jobs(db: Database, job_ids: Iterable[str]) -> list[JobRow]:
@@ -95,13 +56,14 @@ def get_jobs(db: Database, job_ids: Iterable[str]) -> list[JobRow]:
     return [rows[i] for i in ids if i in rows]
 
 
-def start_attempt(db: Database, job_id: str, *, max_attempts: int | None, worker: str | None = None,
+def start_attempt(db: Database, job_id: str, *, policy: RetryPolicy | None, worker: str | None = None,
                   lease: float | None = None) -> JobRow | None:
     """Mark the job running and count the attempt; None when there is nothing to do.
 
     Nothing to do: the job already finished (a redelivered message), or its earlier attempts all
-    died with their worker (it was still ``running``) and it has used up ``max_attempts`` — then
-    it is failed here, so a page that kills workers cannot loop forever (``None``: no such limit).
+    died with their worker (it was still ``running``) and it has used up the ``policy``'s attempts — then
+    it is failed here with the policy's reason, so a page that kills workers cannot loop forever (``None``:
+    no such limit, for a runner whose crash stops everything anyway). Raises JobNotFound.
 
     The usual case is one statement (``UPDATE ... RETURNING``); the row is read first only when
     that finds nothing to start, to say why.
@@ -110,8 +72,8 @@ def start_attempt(db: Database, job_id: str, *, max_attempts: int | None, worker
     # Running is startable again only when no live lease holds it: a message delivered twice (Redis hands an
     # un-acked message out again after its visibility timeout) must not start a page its worker still runs.
     running = (JobRow.status == JobStatus.RUNNING.value) & (JobRow.lease_until.is_(None) | (JobRow.lease_until < now))
-    if max_attempts is not None:
-        running = running & (JobRow.attempts < max_attempts)
+    if policy is not None:
+        running = running & (JobRow.attempts < policy.max_attempts)
     stmt = (update(JobRow).where(JobRow.id == job_id, (JobRow.status == JobStatus.QUEUED.value) | running)
             .values(status=JobStatus.RUNNING.value, attempts=JobRow.attempts + 1, started_at=now,
                     queue_wait_s=func.coalesce(JobRow.queue_wait_s, _seconds_since(JobRow.created_at, now, db)),
@@ -121,7 +83,7 @@ def start_attempt(db: Database, job_id: str, *, max_attempts: int | None, worker
         row = s.scalars(stmt, execution_options={"synchronize_session": False}).one_or_none()
         if row is not None:
             return row
-        _not_started(s, job_id, max_attempts, now)
+        _not_started(s, job_id, policy, now)
         return None
 
 
@@ -134,17 +96,17 @@ def _seconds_since(column: Any, now: Any, db: Database) -> ColumnElement[Any]:
     return func.max((func.julianday(at) - func.julianday(column)) * 86400.0, 0.0)
 
 
-def _not_started(s: Any, job_id: str, max_attempts: int | None, now: Any) -> None:
+def _not_started(s: Any, job_id: str, policy: RetryPolicy | None, now: Any) -> None:
     """Nothing was started: raise JobNotFound, or fail a page whose attempts all died with their worker."""
     row = s.get(JobRow, job_id, with_for_update=True)
     if row is None:
-        raise JobNotFound(f"no job with id {job_id}")
+        raise JobNotFound(job_id)
     lease_live = row.lease_until is not None and as_utc(row.lease_until) >= now
-    if (max_attempts is not None and row.status == JobStatus.RUNNING.value and row.attempts >= max_attempts
+    if (policy is not None and row.status == JobStatus.RUNNING.value and policy.exhausted(row.attempts)
             and not lease_live):
         row.status = JobStatus.FAILED.value
-        row.error = f"processing stopped the worker {row.attempts} times; giving up on this page"
-        row.error_stage = row.error_stage or "inference"
+        row.error = policy.lost_worker_reason(row.attempts, row.worker)
+        row.error_stage = LOST_WORKER_STAGE
         row.finished_at = now
         s.flush()
         ingests.rollup(s, row.id, succeeded=0, failed=1, now=now, reason=row.error)
@@ -241,6 +203,14 @@ def _timing_values(timings: dict[str, float]) -> dict[str, float | None]:
     return {column: timings.get(stage.value) for stage, column in STAGE_COLUMNS.items()}
 
 
+def recent_timings(db: Database, *, last: int) -> list[dict[str, float]]:
+    """The stage timings of the ``last`` jobs to finish, newest first."""
+    with db.session() as s:
+        rows = s.scalars(select(JobRow).where(JobRow.finished_at.is_not(None))
+                         .order_by(JobRow.finished_at.desc()).limit(last)).all()
+    return [job_timings(r) for r in rows]
+
+
 def job_timings(row: JobRow) -> dict[str, float]:
     """The stage timings recorded on a row, in pipeline order, stages not reached left out."""
     out = {}
@@ -249,8 +219,3 @@ def job_timings(row: JobRow) -> dict[str, float]:
         if value is not None:
             out[stage.value] = value
     return out
-
-
-def count_results(db: Database, job_id: str) -> int:
-    with db.session() as s:
-        return len(s.scalars(select(ResultRow.job_id).where(ResultRow.job_id == job_id)).all())

@@ -15,7 +15,8 @@ from typing import Any
 
 from sqlalchemy import and_, update
 
-from paperlane.schemas import JobStatus
+from paperlane.retry import LOST_WORKER_STAGE, RetryPolicy
+from paperlane.status import JobStatus
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
 from paperlane.storage.tables import JobRow
@@ -27,7 +28,7 @@ _JOBS = JobRow.__table__
 class TakenBack:
     job_id: str
     lane: str
-    priority: int
+    message_priority: int
     worker: str | None
     failed: bool  # its attempts were used up: failed with the reason, not queued again
 
@@ -43,8 +44,9 @@ def renew(db: Database, job_ids: list[str], *, worker: str, until: datetime) -> 
         return int(done.rowcount or 0)
 
 
-def take_back(db: Database, *, now: datetime, max_attempts: int, limit: int = 500) -> list[TakenBack]:
-    """Jobs whose lease ran out: queued again (their attempt counted), or failed when their attempts are used up."""
+def take_back(db: Database, *, now: datetime, policy: RetryPolicy, limit: int = 500) -> list[TakenBack]:
+    """Jobs whose lease ran out: queued again (their attempt counted), or failed with the policy's reason when
+    their attempts are used up."""
     j = _JOBS.c
     expired = and_(j.status == JobStatus.RUNNING.value, j.lease_until < now)
     with db.session() as s:
@@ -54,25 +56,23 @@ def take_back(db: Database, *, now: datetime, max_attempts: int, limit: int = 50
             .values(status=JobStatus.QUEUED.value, lease_until=None, enqueued_at=None)
             .returning(j.id, j.lane, j.priority, j.worker, j.attempts)).all()
     out = []
-    for job_id, lane, priority, worker, attempts in rows:
-        failed = attempts >= max_attempts
+    for job_id, lane, message_priority, worker, attempts in rows:
+        failed = policy.exhausted(attempts)
         if failed:
-            reason = (f"its worker ({worker or 'unknown'}) stopped answering {attempts} times; "
-                      "the page may crash or hang workers")
-            jobstore.finish_failed(db, job_id, reason, "worker")
-        out.append(TakenBack(job_id, lane, int(priority), worker, failed))
+            jobstore.finish_failed(db, job_id, policy.lost_worker_reason(attempts, worker), LOST_WORKER_STAGE)
+        out.append(TakenBack(job_id, lane, int(message_priority), worker, failed))
     return out
 
 
 def unpublished(db: Database, *, before: datetime, limit: int = 500) -> list[tuple[str, str, int]]:
-    """(job id, lane, priority) of queued jobs whose message has not gone out since ``before``: a producer or
+    """(job id, lane, message priority) of queued jobs whose message has not gone out since ``before``: a producer or
     a worker died between registering or taking back a job and publishing it. From the partial index on
     unpublished jobs, so it costs nothing when there are none."""
     return _queued(db, _JOBS.c.enqueued_at.is_(None), _JOBS.c.updated_at < before, limit=limit)
 
 
 def queued_before(db: Database, *, before: datetime, limit: int = 1000) -> list[tuple[str, str, int]]:
-    """(job id, lane, priority) of queued jobs whose message went out before ``before`` (oldest first)."""
+    """(job id, lane, message priority) of queued jobs whose message went out before ``before`` (oldest first)."""
     return _queued(db, _JOBS.c.enqueued_at < before, order_by=_JOBS.c.enqueued_at, limit=limit)
 
 

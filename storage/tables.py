@@ -11,7 +11,8 @@
 Counts on ingests and documents (pages_total/succeeded/failed) are kept by the writes that change
 a job's state, in the same transaction, so status at any level is one row read whatever the size;
 queued and running are derived (running from the few running jobs). The views ``ingest_status``,
-``document_status`` and ``page_status`` (migration 0002) give operators the same numbers in SQL.
+``document_status`` and ``page_status`` give operators the same numbers and states in SQL (built from
+``paperlane.status``; the newest migration that creates them says how).
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ class JobRow(Base):
     source: Mapped[str] = mapped_column(Text)  # the first document that asked for it
     page: Mapped[int] = mapped_column(Integer, default=1)  # page (frame) number inside the original
     lane: Mapped[str] = mapped_column(String(16))
-    priority: Mapped[int] = mapped_column(Integer, default=0)
+    # The message priority, 0-9 (0 first): the lane's base plus the 0-4 priority the submitter gave.
+    message_priority: Mapped[int] = mapped_column("priority", Integer, default=0)
     task: Mapped[str] = mapped_column(String(16))
     task_options: Mapped[dict] = mapped_column(JSON, default=dict)
     status: Mapped[str] = mapped_column(String(16))
@@ -124,9 +126,14 @@ class IngestRow(Base):
     callback_url: Mapped[str | None] = mapped_column(Text, nullable=True)  # POSTed when it finishes
 
 
+_OUTPUTS_DUE = "outputs = 'pending'"
+
+
 class DocumentRow(Base):
     __tablename__ = "documents"
-    __table_args__ = (Index("ix_documents_ingest", "ingest_id", "seq"),)
+    __table_args__ = (Index("ix_documents_ingest", "ingest_id", "seq"),
+                      Index("ix_documents_outputs_due", "outputs_claimed_until", postgresql_where=_OUTPUTS_DUE,
+                            sqlite_where=_OUTPUTS_DUE))
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)  # uuid5(ingest, source): re-registering finds it
     ingest_id: Mapped[str] = mapped_column(String(36), ForeignKey("ingests.id"))
@@ -145,6 +152,13 @@ class DocumentRow(Base):
     pdf_key: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(_TS, server_default=func.now())
     finished_at: Mapped[datetime | None] = mapped_column(_TS, nullable=True)  # its last page final
+    # Its outputs, a unit of work due from the transaction that finishes it (status.OutputsState; None while
+    # it is not finished): claimed by a worker until ``outputs_claimed_until``, which also serves as the time
+    # a failed try may be retried; ``outputs_error`` says why the last try failed.
+    outputs: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    outputs_attempts: Mapped[int] = mapped_column(Integer, default=0)
+    outputs_claimed_until: Mapped[datetime | None] = mapped_column(_TS, nullable=True)
+    outputs_error: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class PageRow(Base):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import select, update
 
-from paperlane.errors import JobNotFound, UsageError
+from paperlane.errors import TenantNotFound, UsageError
 from paperlane.storage.db import Database, utcnow
 from paperlane.storage.tables import ApiKeyRow, TenantRow
 
@@ -99,5 +99,5 @@ def webhook_secret(db: Database, tenant_id: str) -> str:
     with db.session() as s:
         secret = s.scalar(select(TenantRow.webhook_secret).where(TenantRow.id == tenant_id))
     if secret is None:
-        raise JobNotFound(f"no tenant {tenant_id}")
+        raise TenantNotFound(tenant_id)
     return secret

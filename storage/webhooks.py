@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
+from paperlane.status import PageState, rollup
 from paperlane.storage.db import Database
 from paperlane.storage.tables import DocumentRow, IngestRow, WebhookAttemptRow, WebhookDeliveryRow
 
@@ -82,12 +83,17 @@ def payload(db: Database, delivery: Delivery) -> dict[str, Any]:
                               .order_by(DocumentRow.seq).limit(_MAX_DOCUMENTS)))
     return {
         "event": delivery.event, "delivery_id": delivery.id, "ingest_id": ingest.id, "name": ingest.name,
-        "status": "succeeded" if ingest.pages_failed == 0 else "failed" if ingest.pages_succeeded == 0 else "partial",
-        "pages": ingest.pages_total, "succeeded": ingest.pages_succeeded, "failed": ingest.pages_failed,
+        "status": rollup(total=ingest.pages_total, succeeded=ingest.pages_succeeded, failed=ingest.pages_failed,
+                         running=0).value,
+        "pages": ingest.pages_total, **_counts(ingest.pages_succeeded, ingest.pages_failed),
         "finished_at": ingest.finished_at.isoformat() if ingest.finished_at else None,
-        "documents": [{"document_id": d.id, "name": d.name, "pages": d.pages_total, "succeeded": d.pages_succeeded,
-                       "failed": d.pages_failed} for d in docs],
+        "documents": [{"document_id": d.id, "name": d.name, "pages": d.pages_total,
+                       **_counts(d.pages_succeeded, d.pages_failed)} for d in docs],
     }
+
+
+def _counts(succeeded: int, failed: int) -> dict[str, int]:
+    return {PageState.SUCCEEDED.value: succeeded, PageState.FAILED.value: failed}
 
 
 def deliveries(db: Database, ingest_id: str) -> list[tuple[WebhookDeliveryRow, list[WebhookAttemptRow]]]:

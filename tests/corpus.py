@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.metrics import Box, cer, cer_nospace, detection_matches, normalise, quad_to_box, reading_order
+from tests.scoring import Box, cer, cer_nospace, detection_matches, normalise, quad_to_box, reading_order
 
 REPO = Path(__file__).resolve().parent.parent
 PAPERLANE = [sys.executable, "-m", "paperlane"]

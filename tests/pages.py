@@ -6,8 +6,13 @@ import io
 import random
 import struct
 import zlib
+from typing import TYPE_CHECKING
 
 from PIL import Image, ImageDraw, ImageFont
+
+if TYPE_CHECKING:
+    from paperlane.models.engine import InputSpec, PreparedImage
+    from paperlane.workers.preprocess import Limits
 
 WORDS = ("invoice total amount paid customer account number date order shipping address payment "
          "balance receipt quantity price tax discount reference delivery company limited street").split()
@@ -72,3 +77,10 @@ def tiny_page(i: int) -> bytes:
     buf = io.BytesIO()
     img.save(buf, format="PNG")
     return buf.getvalue()
+
+
+def prepare(data: bytes, spec: InputSpec, limits: Limits | None = None) -> PreparedImage:
+    """A page's engine input, as preprocessing hands it to the engine (page 1, no preview)."""
+    from paperlane.workers.preprocess import Limits, prepare_page  # OpenCV: only for the tests that prepare pages
+
+    return prepare_page(data, spec, limits or Limits()).image

@@ -17,8 +17,8 @@ from paperlane.storage import webhooks
 from paperlane.storage.db import Database
 from tests.api_server import ApiProcess, Receiver, create_key, sse_events
 from tests.conftest import Stack, until
-from tests.metrics import cer
 from tests.pages import render_page, sample_lines
+from tests.scoring import cer
 
 pytestmark = pytest.mark.slow
 

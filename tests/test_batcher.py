@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from paperlane.errors import EngineError, EngineUnavailable
+from paperlane.errors import EngineError, EngineUnavailable, WorkerStopping
 from paperlane.models.engine import Capacity, EngineOutput, EngineRequest, InputSpec, Outcome, PreparedImage
 from paperlane.schemas import EngineInfo
 from paperlane.workers.batcher import MicroBatcher
@@ -128,10 +128,10 @@ def test_an_engine_failure_fails_that_batch_only(make) -> None:
     assert batcher.stats.batches == 2 and batcher.stats.pages == 2
 
 
-def test_a_closed_batcher_refuses_pages_for_a_retry(make) -> None:
+def test_a_closed_batcher_hands_pages_back(make) -> None:
     batcher = make(StubEngine())
     batcher.close()
-    with pytest.raises(EngineError) as err:
+    with pytest.raises(WorkerStopping) as err:  # its worker is stopping: back on the lane, no attempt counted
         batcher.submit(request("late"), priority=5)
     assert err.value.retryable and not isinstance(err.value, EngineUnavailable)
 

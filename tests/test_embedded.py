@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -9,8 +10,8 @@ import cv2
 import pytest
 
 from tests.conftest import Stack, cli
-from tests.metrics import cer
 from tests.pages import BAD_INPUTS, render_page, sample_lines, truncated_jpeg
+from tests.scoring import cer
 
 pytestmark = pytest.mark.slow
 
@@ -117,3 +118,18 @@ def test_run_writes_document_outputs_and_shares_a_repeated_page(embedded: Stack,
     with db.session() as s:  # four pages, three jobs: the repeated cover was one inference
         assert (s.scalar(select(func.count()).select_from(PageRow)),
                 s.scalar(select(func.count()).select_from(JobRow))) == (4, 3)
+
+
+def test_a_pdf_whose_header_starts_late_is_a_pdf_to_producer_and_worker(embedded: Stack, tmp_path: Path) -> None:
+    from PIL import Image
+
+    lines = sample_lines(31)
+    buf = io.BytesIO()
+    Image.open(io.BytesIO(render_page(lines))).save(buf, format="PDF", resolution=150)
+    scan = tmp_path / "late.pdf"
+    scan.write_bytes(b"mail gateway banner before the header\n" * 20 + buf.getvalue())  # 780 bytes, then %PDF-
+    out = tmp_path / "out"
+    res = cli(embedded, "run", str(scan), "--out", str(out))
+    assert res.returncode == 0, res.stdout + res.stderr
+    result = json.loads((out / "late.json").read_text())
+    assert result["status"] == "succeeded" and cer(result["text"], "\n".join(lines)) < 0.05, result["error"]

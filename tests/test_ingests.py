@@ -15,6 +15,7 @@ from alembic.config import Config
 
 from paperlane.producer.inputs import Document
 from paperlane.producer.submit import SubmittedPage, Submitter, submit_documents
+from paperlane.retry import RetryPolicy
 from paperlane.schemas import JobStatus, PageResult, TaskSpec
 from paperlane.storage import ingests
 from paperlane.storage import jobs as jobstore
@@ -22,13 +23,15 @@ from paperlane.storage.db import Database
 from paperlane.storage.localfs import LocalStore
 from tests.pages import tiny_page
 
+ATTEMPTS_3 = RetryPolicy(max_attempts=3)
+
 
 def doc(name: str, data: bytes, pages: int = 1) -> Document:
     return Document(source=f"{name}.png", name=name, ext=".png", data=data, page_count=pages)
 
 
 def succeed(db: Database, job_id: str, *, again: bool = False) -> list[str]:
-    job = jobstore.get_job(db, job_id) if again else jobstore.start_attempt(db, job_id, max_attempts=3)
+    job = jobstore.get_job(db, job_id) if again else jobstore.start_attempt(db, job_id, policy=ATTEMPTS_3)
     assert job is not None
     result = PageResult(job_id=job_id, source=job.source, status=JobStatus.SUCCEEDED)
     return jobstore.finish_succeeded(db, job, result, engine="stub", result_key=f"results/{job_id}.json",

@@ -9,6 +9,7 @@ from pathlib import Path
 from sqlalchemy import text
 
 from paperlane.producer.submit import submit_documents
+from paperlane.retry import RetryPolicy
 from paperlane.schemas import JobStatus, TaskSpec
 from paperlane.storage import jobs as jobstore
 from paperlane.storage import leases
@@ -16,6 +17,9 @@ from paperlane.storage.db import Database, utcnow
 from paperlane.storage.localfs import LocalStore
 from tests.pages import tiny_page
 from tests.test_ingests import doc
+
+ATTEMPTS_2 = RetryPolicy(max_attempts=2)
+ATTEMPTS_3 = RetryPolicy(max_attempts=3)
 
 
 def _jobs(db: Database, tmp_path: Path, n: int) -> list[str]:
@@ -29,17 +33,17 @@ def test_a_lapsed_lease_goes_back_to_its_lane_and_a_live_one_stays(db: Database,
     a, b = _jobs(db, tmp_path, 2)
     now = utcnow()
     for job_id, worker in ((a, "w1"), (b, "w2")):
-        assert jobstore.start_attempt(db, job_id, max_attempts=3, worker=worker, lease=5) is not None
+        assert jobstore.start_attempt(db, job_id, policy=ATTEMPTS_3, worker=worker, lease=5) is not None
     with db.session() as s:  # operators see who holds a running page in SQL too
         assert s.execute(text("SELECT status, worker FROM page_status WHERE job_id = :j"), {"j": a}).one() == (
             "running", "w1")
     # A second delivery of a's message while w1 holds it does not start it again.
-    assert jobstore.start_attempt(db, a, max_attempts=3, worker="w3", lease=5) is None
+    assert jobstore.start_attempt(db, a, policy=ATTEMPTS_3, worker="w3", lease=5) is None
     assert leases.renew(db, [a, b], worker="w1", until=now + timedelta(seconds=60)) == 1  # w1 holds only a
     later = now + timedelta(seconds=10)
-    [back] = leases.take_back(db, now=later, max_attempts=3)
+    [back] = leases.take_back(db, now=later, policy=ATTEMPTS_3)
     assert (back.job_id, back.worker, back.failed) == (b, "w2", False)
-    assert leases.take_back(db, now=later, max_attempts=3) == []  # taken back once
+    assert leases.take_back(db, now=later, policy=ATTEMPTS_3) == []  # taken back once
     row = jobstore.get_job(db, b)
     assert (row.status, row.attempts, row.enqueued_at) == (JobStatus.QUEUED.value, 1, None)
     assert jobstore.get_job(db, a).status == JobStatus.RUNNING.value
@@ -53,8 +57,8 @@ def test_a_lapsed_lease_goes_back_to_its_lane_and_a_live_one_stays(db: Database,
 def test_a_page_whose_worker_keeps_dying_fails_with_the_reason(db: Database, tmp_path: Path) -> None:
     [job_id] = _jobs(db, tmp_path, 1)
     for attempt in range(1, 3):
-        assert jobstore.start_attempt(db, job_id, max_attempts=2, worker=f"w{attempt}", lease=1) is not None
-        [back] = leases.take_back(db, now=utcnow() + timedelta(seconds=2), max_attempts=2)
+        assert jobstore.start_attempt(db, job_id, policy=ATTEMPTS_2, worker=f"w{attempt}", lease=1) is not None
+        [back] = leases.take_back(db, now=utcnow() + timedelta(seconds=2), policy=ATTEMPTS_2)
         assert back.failed is (attempt == 2)
     row = jobstore.get_job(db, job_id)
     assert row.status == JobStatus.FAILED.value and "w2" in (row.error or "") and row.error_stage == "worker"
@@ -63,8 +67,9 @@ def test_a_page_whose_worker_keeps_dying_fails_with_the_reason(db: Database, tmp
 def test_a_queued_page_whose_message_redis_lost_is_published_again(stack_factory) -> None:
     import redis
 
+    from paperlane.priority import keys
     from paperlane.priority.delayed import DelayedPages
-    from paperlane.priority.lanes import DELAYED_KEY, Lane, broker_keys
+    from paperlane.priority.lanes import Lane, broker_keys
     from paperlane.priority.messages import page_job_id
     from paperlane.settings import WorkerSettings
     from paperlane.storage.tables import JobRow
@@ -81,14 +86,13 @@ def test_a_queued_page_whose_message_redis_lost_is_published_again(stack_factory
     [key] = [k for k in broker_keys(Lane.BATCH) if client.llen(k)]
     lost = next(m for m in client.lrange(key, 0, -1) if page_job_id(m) == ids[1])
     client.lrem(key, 1, lost)  # popped, and its worker killed before it was recorded as un-acked
-    delayed = DelayedPages.from_url(stack.settings.redis.url)
-    keeper = LeaseKeeper(producer.db, delayed, WorkerSettings(), worker="w", redis_url=stack.settings.redis.url)
+    delayed = DelayedPages(client)
+    keeper = LeaseKeeper(producer.db, delayed, client, WorkerSettings(), RetryPolicy(), worker="w")
     try:
         keeper.sweep()
-        assert [m.decode().split()[0] for m in client.zrange(DELAYED_KEY, 0, -1)] == [ids[1]]
+        assert [m.decode().split()[0] for m in client.zrange(keys.DELAYED, 0, -1)] == [ids[1]]
         keeper.sweep()  # found in Redis now (delayed): not published twice
-        assert client.zcard(DELAYED_KEY) == 1
+        assert client.zcard(keys.DELAYED) == 1
         assert sorted(page_job_id(m) for m in client.lrange(key, 0, -1)) == sorted([ids[0], ids[2]])
     finally:
         keeper.stop()
-        delayed.close()

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 # settings, schemas and errors at the bottom, the CLI on top.
 LAYERS: list[set[str]] = [
     {"paperlane.errors", "paperlane.schemas", "paperlane.settings", "paperlane.report", "paperlane.pdfium",
-     "paperlane.metrics"},
+     "paperlane.metrics", "paperlane.status", "paperlane.filetypes", "paperlane.retry"},
     {"paperlane.storage", "paperlane.models"},
     {"paperlane.priority"},
     {"paperlane.producer"},
@@ -53,7 +53,10 @@ def _imports(path: Path) -> list[str]:
     names = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.append(node.module)
+            if node.module == "paperlane":  # ``from paperlane import formats``: the module paperlane.formats
+                names.extend(f"paperlane.{alias.name}" for alias in node.names)
+            else:
+                names.append(node.module)
         elif isinstance(node, ast.Import):
             names.extend(alias.name for alias in node.names)
     return names

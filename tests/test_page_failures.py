@@ -24,16 +24,16 @@ from paperlane.errors import INTERNAL_REASON
 from paperlane.models.engine import Capacity, EngineOutput, EngineRequest, Outcome
 from paperlane.producer.inputs import Document
 from paperlane.producer.submit import submit_documents
+from paperlane.retry import Action, Decision, RetryPolicy
 from paperlane.schemas import EngineInfo, JobStatus, Line, TaskSpec
 from paperlane.settings import Settings, WorkerSettings
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.tables import JobRow
-from paperlane.workers.attempts import Action, Decision, settle
+from paperlane.workers.attempts import settle
 from paperlane.workers.embedded import run_embedded
 from paperlane.workers.pipeline import PageOutcome, Runtime, process_page
-from paperlane.workers.preprocess import prepare
 from tests.conftest import Stack, cli, wait_terminal
-from tests.pages import render_page, sample_lines
+from tests.pages import prepare, render_page, sample_lines
 from tests.test_preprocess import VLM_SPEC, very_wide_tiff
 
 # Long enough that a batch left waiting for a page that is not coming shows in a page's time.
@@ -117,10 +117,10 @@ def submit(rt: Runtime, *pages: tuple[str, bytes]) -> list[JobRow]:
 def attempt_until_settled(rt: Runtime, job: JobRow) -> tuple[PageOutcome, Decision]:
     """What a runner does with a page: attempts under the retry rules until it is done or failed."""
     while True:
-        started = jobstore.start_attempt(rt.db, job.id, max_attempts=None)
+        started = jobstore.start_attempt(rt.db, job.id, policy=None)
         assert started is not None
         outcome = process_page(rt, started)
-        decision = settle(rt.db, outcome, rt.settings.worker)
+        decision = settle(rt.db, outcome, RetryPolicy.of(rt.settings.worker)).decision
         if decision.action is not Action.RETRY:
             return outcome, decision
 

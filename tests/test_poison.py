@@ -10,9 +10,10 @@ from collections.abc import Callable
 import pytest
 import redis
 
+from paperlane.priority import keys
 from paperlane.priority.broker import make_celery, send_page
 from paperlane.priority.deadletter import DeadLetter, DeadLetters
-from paperlane.priority.lanes import DEAD_LETTER_KEY, TASK_PROCESS_PAGE, Lane, broker_keys
+from paperlane.priority.lanes import TASK_PROCESS_PAGE, Lane, broker_keys
 from paperlane.priority.messages import BadMessage, page_job_id
 from tests.conftest import Stack, cli
 from tests.test_scheduling import Producer
@@ -82,7 +83,7 @@ def test_garbage_on_the_lanes_is_set_aside_and_every_page_is_done(stack: Stack, 
     assert all(r.status == "succeeded" for r in rows.values()), {r.id: r.error for r in rows.values()}
     expected = len(garbage) + len(sent) + 1
     deadline = time.monotonic() + 30
-    while broker.llen(DEAD_LETTER_KEY) < expected and time.monotonic() < deadline:
+    while broker.llen(keys.DEAD_LETTERS) < expected and time.monotonic() < deadline:
         time.sleep(0.2)
     assert worker.alive(), worker.output()[-3000:]
     letters = DeadLetters(broker).recent()
@@ -106,7 +107,7 @@ def test_garbage_on_the_lanes_is_set_aside_and_every_page_is_done(stack: Stack, 
     assert [DeadLetter(**d) for d in json.loads(listed.stdout)] == letters
     purged = cli(stack, "dead-letters", "--purge")
     assert purged.returncode == 0 and f"{expected} dead letters purged" in purged.stderr, purged.stderr
-    assert broker.llen(DEAD_LETTER_KEY) == 0
+    assert broker.llen(keys.DEAD_LETTERS) == 0
     # The worker still takes pages.
     [late] = producer.submit([99], Lane.INTERACTIVE)
     assert producer.wait([late])[late].status == "succeeded"
@@ -118,7 +119,7 @@ def _raw(letter: DeadLetter) -> bytes:
 
 def test_the_list_is_bounded_and_a_message_too_big_is_cut(redis_service) -> None:
     client = redis.Redis.from_url(redis_service.url)
-    client.delete(DEAD_LETTER_KEY)
+    client.delete(keys.DEAD_LETTERS)
     letters = DeadLetters(client, keep=5)
     for i in range(8):
         assert letters.add(f"garbage {i}".encode(), reason="not JSON", queue=Lane.BATCH.queue)
@@ -130,7 +131,7 @@ def test_the_list_is_bounded_and_a_message_too_big_is_cut(redis_service) -> None
 
 
 def test_setting_aside_never_raises_with_the_broker_down() -> None:
-    letters = DeadLetters.from_url("redis://127.0.0.1:9/0")
+    letters = DeadLetters(redis.Redis.from_url("redis://127.0.0.1:9/0"))
     assert letters.add(b"garbage", reason="not JSON", queue=Lane.BATCH.queue) is False
 
 

@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from paperlane.priority.broker import make_celery
+from paperlane.priority.connection import open_redis
 from paperlane.priority.delayed import DelayedPage, DelayedPages
 from paperlane.priority.lanes import Lane, broker_keys
 from paperlane.settings import RedisSettings, Settings
@@ -26,7 +27,7 @@ def redis_url(redis_service: Service) -> Iterator[str]:
 
 
 def test_a_delayed_page_is_due_later_and_claimed_once(redis_url: str) -> None:
-    a, b = DelayedPages.from_url(redis_url), DelayedPages.from_url(redis_url)
+    a, b = DelayedPages(redis.Redis.from_url(redis_url)), DelayedPages(redis.Redis.from_url(redis_url))
     page = DelayedPage("job-1", Lane.INTERACTIVE, 3)
     a.add(page, 0.4)
     pages, wait = a.claim_due()
@@ -40,10 +41,10 @@ def test_a_delayed_page_is_due_later_and_claimed_once(redis_url: str) -> None:
 
 
 def test_a_claim_whose_releaser_died_is_put_back(redis_url: str) -> None:
-    dying = DelayedPages.from_url(redis_url, stale_s=0.3)
+    dying = DelayedPages(redis.Redis.from_url(redis_url), stale_s=0.3)
     dying.add(DelayedPage("job-2", Lane.BATCH, 7), 0)
     assert len(dying.claim_due()[0]) == 1  # ... and it never says released
-    heir = DelayedPages.from_url(redis_url, stale_s=0.3)
+    heir = DelayedPages(redis.Redis.from_url(redis_url), stale_s=0.3)
     pages, wait = heir.claim_due()
     assert pages == [] and wait is not None and wait <= 0.3
     time.sleep(wait + 0.05)
@@ -52,7 +53,7 @@ def test_a_claim_whose_releaser_died_is_put_back(redis_url: str) -> None:
 
 def test_the_clock_puts_pages_back_on_their_lane_at_their_priority(redis_url: str) -> None:
     # Delayed by a worker that is gone: nobody was running a clock when they were added.
-    gone = DelayedPages.from_url(redis_url)
+    gone = DelayedPages(redis.Redis.from_url(redis_url))
     gone.add(DelayedPage("job-i", Lane.INTERACTIVE, 3), 0.2)
     gone.add(DelayedPage("job-b", Lane.BATCH, 6), 0.0)
     app = make_celery(Settings(redis=RedisSettings(url=redis_url)))
@@ -61,9 +62,10 @@ def test_the_clock_puts_pages_back_on_their_lane_at_their_priority(redis_url: st
         from paperlane.priority.broker import send_page
 
         for p in pages:
-            send_page(app, p.job_id, p.lane, p.priority)
+            send_page(app, p.job_id, p.lane, p.message_priority)
 
-    clock = RetryClock(redis_url, publish)
+    own = open_redis(RedisSettings(url=redis_url))
+    clock = RetryClock(own, DelayedPages(own), publish)
     clock.start()
     try:
         client = redis.Redis.from_url(redis_url)
@@ -73,7 +75,7 @@ def test_the_clock_puts_pages_back_on_their_lane_at_their_priority(redis_url: st
         assert message["headers"]["argsrepr"] == "['job-i']"
         # A page delayed while the clock sleeps wakes it (no polling): released about when due.
         t0 = time.monotonic()
-        DelayedPages.from_url(redis_url).add(DelayedPage("job-late", Lane.BATCH, 5), 0.3)
+        DelayedPages(client).add(DelayedPage("job-late", Lane.BATCH, 5), 0.3)
         until(lambda: client.llen(broker_keys(Lane.BATCH)[5]) == 1, timeout=10, every=0.02)
         assert 0.25 < time.monotonic() - t0 < 5
         assert clock.released == 3 and gone.pending() == 0

@@ -16,8 +16,9 @@ import pytest
 import redis
 from sqlalchemy import func, select
 
+from paperlane.priority import keys
 from paperlane.priority.broker import make_celery
-from paperlane.priority.lanes import DELAYED_KEY, Lane
+from paperlane.priority.lanes import Lane, broker_keys
 from paperlane.producer.inputs import Document
 from paperlane.producer.submit import CeleryPublisher, submit_documents
 from paperlane.schemas import TaskSpec
@@ -26,7 +27,7 @@ from paperlane.storage.db import Database
 from paperlane.storage.objects import open_store
 from paperlane.storage.tables import JobRow, ResultRow
 from tests import services
-from tests.conftest import Stack, WorkerProcess, wait_terminal
+from tests.conftest import Stack, WorkerProcess, until, wait_terminal
 from tests.pages import tiny_page
 from tests.sim_engine import start_sim_engine
 
@@ -46,7 +47,7 @@ class Producer:
         docs = (Document(source=f"{lane.value}-{i}.png", name=f"{lane.value}-{i}", ext=".png", data=tiny_page(i),
                          page_count=1) for i in numbers)
         return [s.job_id for s in submit_documents(docs, db=self.db, store=self.store, spec=TaskSpec(), lane=lane,
-                                                   level=level, publisher=self.publisher)]
+                                                   priority=level, publisher=self.publisher)]
 
     def rows(self, ids: list[str]) -> dict[str, JobRow]:
         return {r.id: r for r in jobstore.get_jobs(self.db, ids)}
@@ -60,7 +61,8 @@ def test_interactive_overtakes_a_queued_backlog(stack_factory: Callable[..., Sta
     producer = Producer(stack)
     batch = producer.submit(range(300), Lane.BATCH)
     worker_factory(stack)
-    time.sleep(3)  # the backlog is being worked on
+    until(lambda: sum(r.status == "succeeded" for r in producer.rows(batch).values()) >= 8,
+          what="the backlog being worked on")
     interactive = producer.submit(range(1000, 1003), Lane.INTERACTIVE)
     rows = producer.wait(interactive)
     assert all(r.status == "succeeded" for r in rows.values())
@@ -95,13 +97,18 @@ def test_batch_progresses_under_endless_interactive_traffic(stack_factory: Calla
 
     thread = threading.Thread(target=flood, daemon=True)
     thread.start()
-    time.sleep(2)
+    until(lambda: len(interactive) >= 40, what="the interactive flood queued")
     worker_factory(stack)
-    time.sleep(25)
+    # The flood keeps interactive pages waiting all along; watch until 60 pages are done, whatever their lane.
+
+    def done() -> tuple[int, int]:
+        return (sum(1 for r in producer.rows(batch).values() if r.status == "succeeded"),
+                sum(1 for r in producer.rows(interactive).values() if r.status == "succeeded"))
+    until(lambda: sum(done()) >= 60 or done()[0] == len(batch), what="60 pages done under the flood", timeout=300,
+          every=0.5)
     stop.set()
     thread.join()
-    done_batch = sum(1 for r in producer.rows(batch).values() if r.status == "succeeded")
-    done_interactive = sum(1 for r in producer.rows(interactive).values() if r.status == "succeeded")
+    done_batch, done_interactive = done()
     assert done_interactive > 0
     share = done_batch / (done_batch + done_interactive)
     assert done_batch >= 5 and share >= 0.15, (done_batch, done_interactive)
@@ -163,11 +170,11 @@ def test_retry_then_success_and_retry_exhausted(stack_factory: Callable[..., Sta
     first = worker_factory(stack, name="doomed")
     broker = redis.Redis.from_url(stack.settings.redis.url)
     deadline = time.monotonic() + 60
-    while not broker.zrange(DELAYED_KEY, 0, -1):
+    while not broker.zrange(keys.DELAYED, 0, -1):
         assert time.monotonic() < deadline, "no retry delayed"
         time.sleep(0.05)
     # The retry waits in Redis with its lane and priority, not in the worker: kill the worker meanwhile.
-    assert broker.zrange(DELAYED_KEY, 0, -1) == [f"{recovers} interactive 2".encode()]
+    assert broker.zrange(keys.DELAYED, 0, -1) == [f"{recovers} interactive 2".encode()]
     assert (producer.rows([recovers])[recovers].error or "").startswith("retrying")
     first.stop(signal.SIGKILL)
     restarted = services.start_seaweedfs(tmp_path / "s3", ports_from=private_s3)
@@ -181,25 +188,41 @@ def test_retry_then_success_and_retry_exhausted(stack_factory: Callable[..., Sta
     row = producer.wait([doomed], timeout=180)[doomed]
     assert row.status == "failed" and row.attempts == 4
     assert "object store" in (row.error or "")
-    assert broker.zcard(DELAYED_KEY) == 0
+    assert broker.zcard(keys.DELAYED) == 0
 
 
 def test_redis_work_grows_with_pages_not_with_time(stack_factory: Callable[..., Stack], worker_factory) -> None:
-    stack = stack_factory()
+    # Sweeps every 2 s instead of 60, so a few seconds' watch sees several of them.
+    stack = stack_factory(WORKER__SWEEP_INTERVAL="2")
     producer = Producer(stack)
     broker = redis.Redis.from_url(stack.settings.redis.url)
     worker_factory(stack)
 
-    def commands() -> int:
-        return sum(int(v["calls"]) for k, v in broker.info("commandstats").items() if k != "cmdstat_info")
+    def commands() -> Counter[str]:
+        return Counter({k: int(v["calls"]) for k, v in broker.info("commandstats").items() if k != "cmdstat_info"})
 
-    before = commands()
-    time.sleep(5)  # idle: the worker's only Redis traffic is its consumer's blocking pop (about 1 a second)
-    assert commands() - before < 5 * 3 + 5
+    def idle_window(seconds: float) -> Counter[str]:
+        before = commands()
+        time.sleep(seconds)
+        return commands() - before
+
+    # Idle, a worker's Redis traffic is a constant few commands a second: its consumer's blocking pop (one a second),
+    # Celery's heartbeat (every 2 s), kombu's look for un-acked messages (every 10 s) and the sweep for lost
+    # messages (the size of every lane list, of the un-acked hash and of the delayed sets, then, while they are
+    # small, their contents in one transaction: every sweep_interval). Two windows of 6 s each.
+    lists = len(broker_keys(Lane.BATCH)) + len(broker_keys(Lane.INTERACTIVE))
+    sweep = ("llen", "hlen", "zcard", "lrange", "hvals", "zrange", "multi", "exec")
+    first, second = idle_window(6), idle_window(6)
+    for window in (first, second):
+        assert window["cmdstat_llen"] >= 2 * lists, window  # the sweeps happened in the window: it was long enough
+        rest = sum(window.values()) - sum(window[f"cmdstat_{c}"] for c in sweep)
+        assert rest <= 6 * (1 + 0.5) + 10, window  # blocking pops, heartbeats, kombu's restore: not per tick
+    assert sum(second.values()) <= sum(first.values()) * 1.5 + 10, (first, second)  # it does not grow with time
     ids = producer.submit(range(20), Lane.INTERACTIVE) + producer.submit(range(100, 120), Lane.BATCH)
-    t0 = commands()
+    t0, started = commands(), time.monotonic()
     producer.wait(ids)
-    busy = commands() - t0
+    # What the pages cost: the traffic while they ran, less what the worker sends idle over as long a time.
+    busy = sum((commands() - t0).values()) - sum(first.values()) / 6 * (time.monotonic() - started)
     assert busy < 40 * 25, busy  # per page: pop, ack, a lane change or two; never a poll per tick
     # Still a plain Celery worker: remote control answers (what `celery inspect` and Flower use).
     ping = subprocess.run([sys.executable, "-m", "celery", "-A", "paperlane.priority.celery_app", "inspect", "ping",

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from paperlane.priority import keys
 from paperlane.priority.delayed import DelayedPages
 from paperlane.priority.lanes import Lane, broker_keys
 from paperlane.priority.messages import page_job_id
@@ -30,11 +31,11 @@ def _lane_messages(stack: Stack, lane: Lane) -> list[str]:
 
 
 def _unacked(stack: Stack) -> int:
-    return int(redis.Redis.from_url(stack.settings.redis.url).hlen("unacked"))
+    return int(redis.Redis.from_url(stack.settings.redis.url).hlen(keys.UNACKED))
 
 
 def _delayed(stack: Stack) -> int:
-    return DelayedPages.from_url(stack.settings.redis.url).pending()
+    return DelayedPages(redis.Redis.from_url(stack.settings.redis.url)).pending()
 
 
 def _terminate(worker: WorkerProcess, *, limit: float) -> float:

@@ -21,8 +21,8 @@ from paperlane.models.profiles import get_profile
 from paperlane.models.vllm_server import VllmServerEngine
 from paperlane.schemas import Task, TaskSpec
 from paperlane.settings import EngineSettings
-from paperlane.workers.preprocess import Limits, prepare
-from tests.pages import render_page, sample_lines, tiny_page
+from paperlane.workers.preprocess import Limits
+from tests.pages import prepare, render_page, sample_lines, tiny_page
 from tests.sim_engine import SimEngine, start_sim_engine
 
 PROFILE = get_profile("hunyuanocr-1.0")

@@ -21,8 +21,7 @@ from paperlane.models.engine import EngineOutput, EngineRequest
 from paperlane.models.vllm_server import VllmServerEngine
 from paperlane.schemas import Task, TaskSpec
 from paperlane.settings import EngineSettings
-from paperlane.workers.preprocess import prepare
-from tests.pages import render_page, sample_lines
+from tests.pages import prepare, render_page, sample_lines
 from tests.sim_engine import DEFAULT_MAX_MODEL_LEN, SimEngine, start_sim_engine
 
 LOGGER = "paperlane.models.vllm_server"

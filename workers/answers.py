@@ -16,35 +16,30 @@ from typing import Any
 import redis
 
 from paperlane.models.engine import EngineOutput
+from paperlane.priority import keys
 from paperlane.schemas import Line, Usage
 
 log = logging.getLogger(__name__)
 
-_KEY = "paperlane:answer:{}"
-
-
 class EngineAnswers:
-    def __init__(self, redis_url: str, *, ttl: int = 3600) -> None:
-        self._redis = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
+    def __init__(self, client: redis.Redis, *, ttl: int = 3600) -> None:
+        self._redis = client
         self._ttl = ttl
 
     def put(self, job_id: str, output: EngineOutput) -> None:
         """Keep the answer (a failure only costs the engine call it would have saved)."""
         try:
-            self._redis.set(_KEY.format(job_id), json.dumps(_dump(output)), ex=self._ttl)
+            self._redis.set(keys.answer(job_id), json.dumps(_dump(output)), ex=self._ttl)
         except redis.RedisError as exc:
             log.debug("answer of job %s not kept: %s", job_id, exc)
 
     def get(self, job_id: str) -> EngineOutput | None:
         try:
-            raw = self._redis.get(_KEY.format(job_id))
+            raw = self._redis.get(keys.answer(job_id))
             return _load(json.loads(raw)) if raw else None
         except (redis.RedisError, ValueError, TypeError, KeyError) as exc:
             log.warning("kept answer of job %s not used: %s", job_id, exc)
             return None
-
-    def close(self) -> None:
-        self._redis.close()
 
 
 def _dump(o: EngineOutput) -> dict[str, Any]:

@@ -1,21 +1,20 @@
-"""The retry policy around one attempt: after a page's outcome, retry it, fail it, or it is done.
+"""After an attempt: its outcome recorded, and what the retry policy says follows (``paperlane.retry``).
 
-Kept apart from the attempt itself (``workers.pipeline``) so the Celery task and the embedded
-runner apply the same rules: a retryable error (engine or storage unreachable) is tried again
-with exponential backoff up to ``max_attempts``; anything else fails the page at once with its
-readable reason. Unknown exceptions are logged with their traceback and stored as "internal error".
-A page cut short because its worker is stopping is handed back: queued again, the attempt not counted.
+Kept apart from the attempt itself (``workers.pipeline``) so the Celery worker and ``paperlane run`` apply the
+same rules the same way: a success is stored already; a failure is recorded as a retry (queued, the reason kept
+for operators), as failed for good with its readable reason, or, for a page its stopping worker handed back, as
+queued again without counting the attempt. Unknown exceptions are logged with their traceback and stored as
+"internal error". The caller puts retried and handed-back pages back on their lane after ``Decision.delay``.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from enum import Enum
 
-from paperlane.errors import PaperlaneError, WorkerStopping, is_retryable, public_reason
+from paperlane.errors import PaperlaneError
 from paperlane.metrics import PAGES, STAGE_SECONDS, reason_label
-from paperlane.settings import WorkerSettings
+from paperlane.retry import Action, Decision, RetryPolicy
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
 from paperlane.workers.pipeline import PageOutcome
@@ -23,53 +22,45 @@ from paperlane.workers.pipeline import PageOutcome
 log = logging.getLogger(__name__)
 
 
-class Action(str, Enum):
-    DONE = "done"  # succeeded and stored
-    RETRY = "retry"  # try again after ``delay`` (the caller puts the page back on its lane then)
-    FAILED = "failed"  # failed for good, the reason recorded
-    HANDED_BACK = "handed_back"  # its worker is stopping: queued, the attempt not counted (caller: back on its lane)
-
-
 @dataclass(frozen=True)
-class Decision:
-    action: Action
-    delay: float = 0.0
-    reason: str | None = None
-    finished_documents: tuple[str, ...] = ()  # documents whose last page this was: their outputs are due
+class Settled:
+    decision: Decision
+    outputs_due: tuple[str, ...] = ()  # documents whose outputs the outcome made due
 
 
-def settle(db: Database, outcome: PageOutcome, cfg: WorkerSettings) -> Decision:
-    """Record the outcome of an attempt and say what happens next."""
-    decision = _settle(db, outcome, cfg)
+def settle(db: Database, outcome: PageOutcome, policy: RetryPolicy) -> Settled:
+    """Record the outcome of an attempt; what follows it."""
+    settled = _settle(db, outcome, policy)
+    decision = settled.decision
     PAGES.labels(decision.action.value, reason_label(decision.reason)).inc()
     if decision.action in (Action.DONE, Action.FAILED):
         for stage, seconds in outcome.timings.items():
             STAGE_SECONDS.labels(stage).observe(seconds)
-    return decision
+    return settled
 
 
-def _settle(db: Database, outcome: PageOutcome, cfg: WorkerSettings) -> Decision:
-    job = outcome.job
-    if outcome.error is None:
+def _settle(db: Database, outcome: PageOutcome, policy: RetryPolicy) -> Settled:
+    job, error = outcome.job, outcome.error
+    decision = policy.decide(error, attempts=job.attempts)
+    if decision.action is Action.DONE:
         log.info("job %s succeeded attempt=%d %s", job.id, job.attempts, _fmt(outcome.timings))
-        return Decision(Action.DONE, finished_documents=tuple(outcome.finished_documents))
-    exc = outcome.error
-    reason = public_reason(exc)
-    if isinstance(exc, WorkerStopping):
+        return Settled(decision, tuple(outcome.outputs_due))
+    assert error is not None and decision.reason is not None
+    if decision.action is Action.HANDED_BACK:
         jobstore.hand_back(db, job.id)
-        log.info("job %s handed back to its lane: %s", job.id, reason)
-        return Decision(Action.HANDED_BACK, reason=reason)
-    stage = getattr(exc, "stage", None)
-    if not isinstance(exc, PaperlaneError):
-        log.error("job %s: unexpected error", job.id, exc_info=exc)
-    if is_retryable(exc) and job.attempts < cfg.max_attempts:
-        delay = cfg.retry_backoff * 2 ** (job.attempts - 1)
-        jobstore.record_retry(db, job.id, reason, stage)
-        log.warning("job %s attempt %d failed (%s); retry in %.1fs", job.id, job.attempts, reason, delay)
-        return Decision(Action.RETRY, delay, reason)
-    finished = jobstore.finish_failed(db, job.id, reason, stage, outcome.timings)
-    log.warning("job %s failed at %s: %s", job.id, stage or "?", reason)
-    return Decision(Action.FAILED, reason=reason, finished_documents=tuple(finished))
+        log.info("job %s handed back to its lane: %s", job.id, decision.reason)
+        return Settled(decision)
+    stage = getattr(error, "stage", None)
+    if not isinstance(error, PaperlaneError):
+        log.error("job %s: unexpected error", job.id, exc_info=error)
+    if decision.action is Action.RETRY:
+        jobstore.record_retry(db, job.id, decision.reason, stage)
+        log.warning("job %s attempt %d failed (%s); retry in %.1fs", job.id, job.attempts, decision.reason,
+                    decision.delay)
+        return Settled(decision)
+    finished = jobstore.finish_failed(db, job.id, decision.reason, stage, outcome.timings)
+    log.warning("job %s failed at %s: %s", job.id, stage or "?", decision.reason)
+    return Settled(decision, tuple(finished))
 
 
 def _fmt(timings: dict[str, float]) -> str:

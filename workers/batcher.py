@@ -127,7 +127,7 @@ class MicroBatcher:
             if self._draining:
                 raise _stopping()
             if self._closed:
-                raise EngineError("worker is shutting down", stage="inference", retryable=True)
+                raise _stopping()
             self._expected = max(0, self._expected - 1)
             lane = Lane.INTERACTIVE if priority < self._urgent_below else Lane.BATCH
             heapq.heappush(self._heaps[lane], _Pending(priority, next(self._seq), request, fut, time.monotonic()))

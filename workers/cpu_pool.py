@@ -23,7 +23,7 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPool
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
-from paperlane.errors import INTERNAL_REASON, PaperlaneError
+from paperlane.errors import INTERNAL_REASON, OutOfMemory, PaperlaneError
 from paperlane.models.engine import InputSpec
 from paperlane.settings import Settings
 from paperlane.storage.objects import ObjectStore, open_store
@@ -92,8 +92,8 @@ def _prepare_key(key: str, page_number: int, spec: InputSpec, limits: Limits, pr
     except PaperlaneError as exc:
         return Prepared(None, exc, time.perf_counter() - t0)
     except MemoryError:  # outside the decoder (which says so itself): fetching, copying
-        return Prepared(None, PaperlaneError("not enough memory to prepare this page", stage="preprocess",
-                                             retryable=True), time.perf_counter() - t0)
+        return Prepared(None, OutOfMemory("not enough memory to prepare this page", stage="preprocess"),
+                        time.perf_counter() - t0)
     except Exception:  # a bug: this page fails with a short reason and the worker logs the traceback
         return Prepared(None, PaperlaneError(INTERNAL_REASON, stage="preprocess"), time.perf_counter() - t0,
                         traceback.format_exc())

@@ -3,15 +3,14 @@
 Pages are registered exactly as ``paperlane submit`` does (originals in the object store, rows
 in the database) and flow through the same pieces as on a worker: page slots on threads, the
 CPU pool preparing pages while the engine runs, the micro-batcher, the lane policy choosing what
-starts next, the same retry rules. Inputs are read lazily, so a run over millions of pages holds
-only a few slots' worth in memory. Pages done earlier with the same content and task are not
-redone: their stored result is copied out.
+starts next, the same retry policy (its delayed pages kept in memory instead of Redis), the same
+recorded document outputs. Inputs are read lazily, so a run over millions of pages holds only a few
+slots' worth in memory. Pages done earlier with the same content and task are not redone: their
+stored result is copied out.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import queue
 import time
@@ -22,16 +21,18 @@ from functools import partial
 from pathlib import Path
 
 from paperlane.errors import PaperlaneError
+from paperlane.priority.delayed import InMemoryDelayed
 from paperlane.priority.lanes import Lane
 from paperlane.priority.policy import LanePolicy
 from paperlane.priority.scheduler import InMemoryLanes, LaneScheduler
 from paperlane.producer.inputs import Document, Skipped
-from paperlane.producer.submit import SubmittedPage, Submitter
+from paperlane.producer.submit import SubmitAction, SubmittedPage, Submitter
+from paperlane.retry import Action, RetryPolicy
 from paperlane.schemas import JobStatus, PageResult, TaskSpec
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.results import page_result
-from paperlane.workers.attempts import Action, Decision, settle
-from paperlane.workers.documents import write_outputs
+from paperlane.workers.attempts import Settled, settle
+from paperlane.workers.outputs import Writer
 from paperlane.workers.pipeline import PageOutcome, Runtime, process_page, result_json
 from paperlane.workers.render import format_of
 
@@ -86,6 +87,9 @@ class _OutputWriter:
     def __init__(self, rt: Runtime, out_dir: Path, summary: RunSummary,
                  on_page: Callable[[str, PageResult], None] | None) -> None:
         self.rt, self.out_dir, self.summary, self.on_page = rt, out_dir, summary, on_page
+        cfg = rt.settings.worker
+        self.writer = Writer(rt.db, rt.store, RetryPolicy.of(cfg), hold=cfg.page_timeout,
+                             max_pixels=cfg.max_image_pixels)
         self.used: set[str] = set()  # output stems taken in this run
         self.stems: dict[str, str] = {}  # document id -> its stem
         self.left: dict[str, int] = {}  # document id -> pages not written yet
@@ -126,11 +130,8 @@ class _OutputWriter:
 
     def _document(self, page: SubmittedPage, stem: str) -> None:
         self.summary.documents += 1
-        try:
-            outputs = write_outputs(self.rt.db, self.rt.store, page.document_id,
-                                    max_pixels=self.rt.settings.worker.max_image_pixels)
-        except PaperlaneError as exc:
-            log.warning("document %s: outputs not written (%s)", page.source, exc)
+        outputs = self.writer.write(page.document_id)
+        if outputs is None:  # the reason is logged, and recorded on the document
             return
         if page.page_count > 1:
             (self.out_dir / f"{stem}.json").write_bytes(outputs.json)
@@ -142,8 +143,8 @@ class _OutputWriter:
 class _Scheduler:
     """Keeps every page slot busy; the one ``LaneScheduler`` decides which lane starts next.
 
-    A page whose attempt should be retried waits out its backoff here, off its slot, and then goes
-    back to its lane: the same rule as on a worker, where it waits in Redis's delayed set. Pages that
+    A page whose attempt should be retried waits out its backoff off its slot, in memory, and then goes
+    back to its lane: the same policy as on a worker, where it waits in Redis's delayed set. Pages that
     share a job (the same page in several documents) wait for its one attempt.
     """
 
@@ -155,11 +156,12 @@ class _Scheduler:
         self.waiting: InMemoryLanes[SubmittedPage] = InMemoryLanes()
         # No interactive page arrives from outside a run: batch pages may use every slot.
         self.lanes = LaneScheduler(LanePolicy(batch_share=rt.settings.worker.batch_share), self.waiting)
-        self.delayed: list[tuple[float, int, SubmittedPage]] = []  # (due, seq, page): retries due later
+        self.policy = RetryPolicy.of(rt.settings.worker)
+        self.delayed: InMemoryDelayed[SubmittedPage] = InMemoryDelayed()  # retries due later
         self.sharing: dict[str, list[SubmittedPage]] = {}  # job id -> pages waiting for its attempt
-        self._seq = itertools.count()
         self.done: queue.Queue[tuple[SubmittedPage, Future[_Attempt | None]]] = queue.Queue()
         self.exhausted = False
+        self._due_in: float | None = None  # seconds until the next delayed page is due
 
     def run(self) -> None:
         in_flight = 0
@@ -171,13 +173,13 @@ class _Scheduler:
                 while in_flight < self.slots and (picked := self.waiting.take()) is not None:
                     lane, page = picked
                     self.lanes.started(lane)
-                    fut = slots.submit(self._attempt, page.job_id)
+                    fut = slots.submit(self._start_and_settle, page.job_id)
                     fut.add_done_callback(partial(self._done, page))
                     in_flight += 1
-                if in_flight == 0 and self.exhausted and not len(self.waiting) and not self.delayed:
+                if in_flight == 0 and self.exhausted and not len(self.waiting) and not self.delayed.pending():
                     return
                 try:
-                    page, fut = self.done.get(timeout=self._until_due())
+                    page, fut = self.done.get(timeout=self._due_in)
                 except queue.Empty:
                     continue  # a delayed page is due
                 in_flight -= 1
@@ -194,7 +196,8 @@ class _Scheduler:
             except StopIteration:
                 self.exhausted = True
                 return
-            if page.action == "failed" or (page.action == "exists" and page.status is JobStatus.SUCCEEDED):
+            if page.action is SubmitAction.REFUSED or (page.action is SubmitAction.EXISTS
+                                                       and page.status is JobStatus.SUCCEEDED):
                 self.emit(page, *_stored(self.rt, page))
             elif page.job_id in self.sharing:  # its job is on its way for another page
                 self.sharing[page.job_id].append(page)
@@ -203,27 +206,24 @@ class _Scheduler:
                 self.waiting.add(page.lane, page)
 
     def _release_due(self) -> None:
-        now = time.monotonic()
-        while self.delayed and self.delayed[0][0] <= now:
-            _, _, page = heapq.heappop(self.delayed)
+        due, self._due_in = self.delayed.claim_due(limit=self.slots)
+        for page in due:
             self.waiting.add(page.lane, page)
+        self.delayed.released(due)
 
-    def _until_due(self) -> float | None:
-        return max(0.0, self.delayed[0][0] - time.monotonic()) if self.delayed else None
-
-    def _attempt(self, job_id: str) -> _Attempt | None:
+    def _start_and_settle(self, job_id: str) -> _Attempt | None:
         """One attempt at one job under the retry rules; None when it needs none (finished elsewhere)."""
         # No crash-loop limit here: a page that kills this process stops the run where the user sees it,
         # and an interrupted run (Ctrl-C) must not count against the pages it was working on.
-        started = jobstore.start_attempt(self.rt.db, job_id, max_attempts=None)
+        started = jobstore.start_attempt(self.rt.db, job_id, policy=None)
         if started is None:
             return None
         outcome = process_page(self.rt, started)
-        return _Attempt(outcome, settle(self.rt.db, outcome, self.rt.settings.worker))
+        return _Attempt(outcome, settle(self.rt.db, outcome, self.policy))
 
     def _settled(self, page: SubmittedPage, attempt: _Attempt | None) -> None:
-        if attempt is not None and attempt.decision.action is Action.RETRY:
-            heapq.heappush(self.delayed, (time.monotonic() + attempt.decision.delay, next(self._seq), page))
+        if attempt is not None and attempt.settled.decision.action is Action.RETRY:
+            self.delayed.add(page, attempt.settled.decision.delay)
             return
         if attempt is None:  # finished without an attempt here: report what the row says
             result, image = _stored(self.rt, page)
@@ -237,7 +237,7 @@ class _Scheduler:
 @dataclass
 class _Attempt:
     outcome: PageOutcome
-    decision: Decision
+    settled: Settled
 
 
 def _stored(rt: Runtime, page: SubmittedPage) -> tuple[PageResult, bytes | None]:

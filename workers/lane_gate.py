@@ -18,7 +18,6 @@ import logging
 from typing import Any
 
 import redis
-from celery import Celery, bootsteps
 from celery.signals import task_received
 
 from paperlane.priority.lanes import Lane, broker_keys
@@ -30,8 +29,8 @@ log = logging.getLogger(__name__)
 class ConsumerLanes:
     """A ``LaneSource`` over a Celery worker's task consumer."""
 
-    def __init__(self, redis_url: str) -> None:
-        self._redis = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
+    def __init__(self, client: redis.Redis) -> None:
+        self._redis = client
         self._batch_keys = broker_keys(Lane.BATCH)
         self._consumer: Any = None
         self._wanted: frozenset[Lane] | None = None
@@ -76,25 +75,29 @@ class ConsumerLanes:
                 c.task_consumer.cancel_by_queue(lane.queue)
 
 
-def install_lane_gate(app: Celery, scheduler: LaneScheduler, source: ConsumerLanes) -> None:
-    """Drive ``scheduler`` from the worker: a received page starts its lane; the task reports finishes."""
+class LaneGate:
+    """Drives a ``LaneScheduler`` from the worker: a received page starts its lane (the task reports finishes),
+    and the consumer, once it runs, consumes the lanes the scheduler keeps open."""
 
-    def on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
+    def __init__(self, scheduler: LaneScheduler, source: ConsumerLanes) -> None:
+        self.scheduler, self.source = scheduler, source
+        self._uid = f"paperlane.lane_gate.{id(self)}"
+
+    def start(self) -> None:
+        task_received.connect(self._on_received, weak=False, dispatch_uid=self._uid)
+
+    def stop(self) -> None:
+        task_received.disconnect(dispatch_uid=self._uid)
+
+    def consumer_started(self, consumer: Any) -> None:
+        self.source.attach(consumer)
+        self.scheduler.refresh()
+
+    def consumer_stopped(self) -> None:
+        self.source.detach()
+
+    def _on_received(self, sender: Any = None, request: Any = None, **_: Any) -> None:
         queue = ((request.delivery_info if request is not None else None) or {}).get("routing_key")
         lane = Lane.of_queue(queue)
         if lane is not None:
-            scheduler.started(lane)
-
-    task_received.connect(on_received, weak=False, dispatch_uid="paperlane.lane_gate")
-
-    class LaneGate(bootsteps.StartStopStep):
-        requires = {"celery.worker.consumer.tasks:Tasks"}
-
-        def start(self, c: Any) -> None:
-            source.attach(c)
-            scheduler.refresh()
-
-        def stop(self, c: Any) -> None:
-            source.detach()
-
-    app.steps["consumer"].add(LaneGate)
+            self.scheduler.started(lane)

@@ -4,9 +4,9 @@ One thread per worker. Every third of ``worker.lease`` it pushes the leases of t
 (one UPDATE), except a page held longer than ``worker.page_timeout`` (a hung engine call): that one is let
 go, and taken back like a dead worker's. Then it takes back every page whose lease ran out, whoever held
 it, and puts it on its lane through the delayed set (due at once); a page whose attempts are used up is
-failed with the reason instead. Once a minute it also publishes queued pages whose message never went
-out (a producer or worker died in between), and queued pages whose message Redis lost
-(``priority.presence``).
+failed with the reason instead. Every ``worker.sweep_interval`` seconds (60) it also publishes queued pages
+whose message never went out (a producer or worker died in between), and queued pages whose message Redis
+lost (``priority.presence``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from paperlane.errors import StorageUnavailable
 from paperlane.priority.delayed import DelayedPage, DelayedPages
 from paperlane.priority.lanes import Lane
 from paperlane.priority.presence import jobs_in_redis
+from paperlane.retry import RetryPolicy
 from paperlane.settings import WorkerSettings
 from paperlane.storage import jobs as jobstore
 from paperlane.storage import leases
@@ -29,22 +30,20 @@ from paperlane.storage.db import Database, utcnow
 
 log = logging.getLogger(__name__)
 
-_SWEEP_EVERY = 60.0  # seconds between looks for pages without a message
 _UNPUBLISHED_AFTER = 60.0  # a page registered or taken back this long ago whose message is still not out
 _LOST_AFTER = 120.0  # a queued page published this long ago with no message left in Redis
 _LOST_CHECK_LIMIT = 5000  # Redis is read whole for it only while it holds at most this many messages
 
 
 class LeaseKeeper:
-    def __init__(self, db: Database, delayed: DelayedPages, cfg: WorkerSettings, *, worker: str,
-                 redis_url: str) -> None:
-        self.db, self.delayed, self.cfg, self.worker = db, delayed, cfg, worker
+    def __init__(self, db: Database, delayed: DelayedPages, client: redis.Redis, cfg: WorkerSettings,
+                 policy: RetryPolicy, *, worker: str) -> None:
+        self.db, self.delayed, self.redis, self.cfg, self.policy, self.worker = db, delayed, client, cfg, policy, worker
         self._held: dict[str, float] = {}  # job id -> when this worker started it (monotonic)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="leases", daemon=True)
         self._swept = time.monotonic()
-        self.redis = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
 
     def start(self) -> None:
         self._thread.start()
@@ -53,7 +52,6 @@ class LeaseKeeper:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
-        self.redis.close()
 
     def hold(self, job_id: str) -> None:
         with self._lock:
@@ -64,7 +62,8 @@ class LeaseKeeper:
             self._held.pop(job_id, None)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.cfg.lease / 3):
+        # Every third of a lease, or more often when the sweep is due more often than that.
+        while not self._stop.wait(min(self.cfg.lease / 3, self.cfg.sweep_interval)):
             try:
                 self.tick()
             except StorageUnavailable as exc:
@@ -82,12 +81,12 @@ class LeaseKeeper:
             log.warning("leases: %d pages held past page_timeout (%.0fs) are let go", hung, self.cfg.page_timeout)
         at = utcnow()
         leases.renew(self.db, live, worker=self.worker, until=at + timedelta(seconds=self.cfg.lease))
-        back = leases.take_back(self.db, now=at, max_attempts=self.cfg.max_attempts)
+        back = leases.take_back(self.db, now=at, policy=self.policy)
         for page in back:
             log.warning("job %s: its lease (held by %s) ran out; %s", page.job_id, page.worker or "?",
                         "failed, its attempts used up" if page.failed else "back on its lane")
-        self._publish([(p.job_id, p.lane, p.priority) for p in back if not p.failed])
-        if now - self._swept >= _SWEEP_EVERY:
+        self._publish([(p.job_id, p.lane, p.message_priority) for p in back if not p.failed])
+        if now - self._swept >= self.cfg.sweep_interval:
             self._swept = now
             self.sweep()
 
@@ -115,6 +114,6 @@ class LeaseKeeper:
     def _publish(self, pages: list[tuple[str, str, int]]) -> None:
         if not pages:
             return
-        for job_id, lane, priority in pages:
-            self.delayed.add(DelayedPage(job_id, Lane(lane), priority), 0)
+        for job_id, lane, message_priority in pages:
+            self.delayed.add(DelayedPage(job_id, Lane(lane), message_priority), 0)
         jobstore.mark_enqueued(self.db, [job_id for job_id, _, _ in pages])

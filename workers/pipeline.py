@@ -3,8 +3,9 @@
 The same code serves the Celery worker and the embedded ``paperlane run``: each page in
 progress runs ``process_page`` on its own task slot; the CPU pool prepares it while earlier pages
 are in the engine, and the ``MicroBatcher`` gathers the slots' prepared pages into batches. This
-function is ONE attempt: it writes a success (objects, then rows) and returns every outcome; the
-retry policy around it lives in ``workers.attempts``. Whatever happens to a page, in the pool, the
+function is ONE attempt: it writes a success (objects, then rows) and returns every outcome; what
+follows it is the retry policy's to say (``paperlane.retry``, applied by ``workers.attempts``). Whatever
+happens to a page, in the pool, the
 engine, post-processing or storing, becomes its failed outcome, and the batcher's count of pages on
 their way is balanced on every path.
 """
@@ -19,12 +20,12 @@ from concurrent.futures import CancelledError, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
-from paperlane.errors import INTERNAL_REASON, InputError, PaperlaneError, public_reason
-from paperlane.models.engine import Engine, EngineOutput, EngineRequest
+from paperlane.errors import INTERNAL_REASON, InputError, OutOfMemory, PaperlaneError, WorkerStopping, public_reason
+from paperlane.models.engine import Capacity, Engine, EngineOutput, EngineRequest
 from paperlane.models.factory import build_engine
 from paperlane.priority.lanes import LEVELS_PER_LANE, Lane
 from paperlane.schemas import JobStatus, PageResult, Stage, Task, TaskSpec
-from paperlane.settings import Settings
+from paperlane.settings import Settings, WorkerSettings
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
 from paperlane.storage.objects import ObjectStore, annotated_key, open_store, result_key
@@ -58,26 +59,24 @@ class Runtime:
     answers: EngineAnswers | None = None  # workers keep engine answers in Redis; `paperlane run` does not
 
     @classmethod
-    def start(cls, settings: Settings, *, engine: Engine | None = None) -> Runtime:
+    def start(cls, settings: Settings, *, engine: Engine | None = None,
+              answers: EngineAnswers | None = None) -> Runtime:
+        """Open the database (migrated), the store and the CPU pool, and load ``engine`` (default: the one the
+        settings name); ``answers``: where engine answers are kept for a retried page (workers only)."""
         db = Database(settings.database_url, pool_size=settings.database.pool_size, echo=settings.database.echo)
         db.upgrade()
         store = open_store(settings)
         engine = engine or build_engine(settings.engine)
         engine.start()
         cfg, cap = settings.worker, engine.capacity
-        batch_size = cfg.batch_size or cap.batch_size
-        batcher = MicroBatcher(engine, max_size=batch_size, max_wait=cfg.batch_wait, urgent_below=LEVELS_PER_LANE,
-                               dispatchers=cap.batches_in_flight, batch_share=cfg.batch_share)
-        # Enough slots for the pages in the engine plus as many again being fetched, prepared and
-        # stored around it (at least two batches: the engine never waits for the CPU), and a reserve
-        # kept free for interactive pages, so they start at once even behind a backlog.
-        in_engine = batch_size * cap.batches_in_flight
-        reserve = max(batch_size, -(-in_engine // 4))
-        slots = cfg.slots or in_engine + max(2 * batch_size, in_engine) + reserve
-        log.info("engine %s: batches of %d, %d in flight, %d page slots", engine.info.name, batch_size,
-                 cap.batches_in_flight, slots)
+        plan = Slots.plan(cfg, cap)
+        batcher = MicroBatcher(engine, max_size=plan.batch_size, max_wait=cfg.batch_wait,
+                               urgent_below=LEVELS_PER_LANE, dispatchers=cap.batches_in_flight,
+                               batch_share=cfg.batch_share)
+        log.info("engine %s: batches of %d, %d in flight, %d page slots", engine.info.name, plan.batch_size,
+                 cap.batches_in_flight, plan.total)
         return cls(settings=settings, db=db, store=store, engine=engine, pool=CpuPool(settings, store=store),
-                   batcher=batcher, slots=slots, batch_slots=max(1, slots - reserve))
+                   batcher=batcher, slots=plan.total, batch_slots=plan.batch, answers=answers)
 
     def close(self) -> None:
         stats = self.batcher.stats
@@ -86,9 +85,27 @@ class Runtime:
         self.pool.close()
         self.render.shutdown(wait=True)
         self.engine.close()
-        if self.answers is not None:
-            self.answers.close()
         self.db.dispose()
+
+
+@dataclass(frozen=True)
+class Slots:
+    """How many pages a runner works on at once, and how many of them may be batch pages."""
+
+    batch_size: int  # pages per engine call
+    total: int
+    batch: int  # the rest stay free for interactive pages
+
+    @classmethod
+    def plan(cls, cfg: WorkerSettings, capacity: Capacity) -> Slots:
+        """Enough slots for the pages in the engine plus as many again being fetched, prepared and stored around
+        it (at least two batches: the engine never waits for the CPU), and a reserve kept free for interactive
+        pages, so they start at once even behind a backlog (``worker.slots`` overrides the total)."""
+        batch_size = cfg.batch_size or capacity.batch_size
+        in_engine = batch_size * capacity.batches_in_flight
+        reserve = max(batch_size, -(-in_engine // 4))
+        total = cfg.slots or in_engine + max(2 * batch_size, in_engine) + reserve
+        return cls(batch_size, total, max(1, total - reserve))
 
 
 @dataclass
@@ -98,7 +115,7 @@ class PageOutcome:
     error: Exception | None = None
     timings: dict[str, float] = field(default_factory=dict)
     annotated: bytes | None = None  # the annotated image as stored (worker.annotated_format), on success
-    finished_documents: list[str] = field(default_factory=list)  # documents whose last page this was
+    outputs_due: list[str] = field(default_factory=list)  # documents whose outputs its success made due
 
     @property
     def ok(self) -> bool:
@@ -114,12 +131,12 @@ def process_page(rt: Runtime, job: JobRow) -> PageOutcome:
     its failed outcome, classified where we can and "internal error" (traceback in the log) otherwise."""
     timings = _known_timings(job)
     try:
-        return _attempt(rt, job, timings)
+        return _through_pipeline(rt, job, timings)
     except Exception as exc:
         return _failed(job, _classified(job, exc, _stage_reached(timings)), timings)
 
 
-def _attempt(rt: Runtime, job: JobRow, timings: dict[str, float]) -> PageOutcome:
+def _through_pipeline(rt: Runtime, job: JobRow, timings: dict[str, float]) -> PageOutcome:
     spec = task_spec(job)
     urgent = job.lane == Lane.INTERACTIVE.value  # never queue behind the backlog's preprocessing
     rt.batcher.expect()
@@ -132,8 +149,8 @@ def _attempt(rt: Runtime, job: JobRow, timings: dict[str, float]) -> PageOutcome
         # A retried page may have been answered already (its worker died before storing the result).
         kept = rt.answers.get(job.id) if rt.answers is not None and job.attempts > 1 else None
         if prep.page is not None and kept is None:
-            pending = rt.batcher.submit(EngineRequest(image=prep.page.image, spec=spec, priority=job.priority),
-                                       priority=job.priority)
+            pending = rt.batcher.submit(EngineRequest(image=prep.page.image, spec=spec,
+                                                      priority=job.message_priority), priority=job.message_priority)
     finally:
         # Batches wait for every page announced and not submitted: a page that will not come must be
         # taken back on every path, or each later batch waits its full batch_wait for it.
@@ -172,8 +189,8 @@ def _prepared(rt: Runtime, job: JobRow, *, urgent: bool) -> Prepared:
         except BrokenProcessPool:
             rt.pool.restart_if_broken()
         except CancelledError:  # the pool was shut down under the page: the worker is stopping
-            return Prepared(None, PaperlaneError("the worker stopped before this page was prepared",
-                                                 stage=Stage.PREPROCESS.value, retryable=True), 0.0)
+            return Prepared(None, WorkerStopping("the worker stopped before this page was prepared",
+                                                 stage=Stage.PREPROCESS.value), 0.0)
     log.error("job %s crashed the preprocessing process twice", job.id)
     return Prepared(None, InputError("this page crashes the image decoder", stage="preprocess"), 0.0)
 
@@ -200,7 +217,7 @@ def _finish(rt: Runtime, job: JobRow, spec: TaskSpec, page: PreparedPage, output
     timings[Stage.STORE.value] = time.perf_counter() - t1
     finished = jobstore.finish_succeeded(rt.db, job, result, engine=_engine_name(rt), result_key=json_key,
                                          annotated_key=image_key, timings=timings)
-    return PageOutcome(job=job, result=result, timings=timings, annotated=image, finished_documents=finished)
+    return PageOutcome(job=job, result=result, timings=timings, annotated=image, outputs_due=finished)
 
 
 def _classified(job: JobRow, exc: Exception, stage: str) -> PaperlaneError:
@@ -211,7 +228,7 @@ def _classified(job: JobRow, exc: Exception, stage: str) -> PaperlaneError:
         return exc
     if isinstance(exc, MemoryError):
         log.warning("job %s: out of memory in %s", job.id, stage)
-        return PaperlaneError("not enough memory to process this page", stage=stage, retryable=True)
+        return OutOfMemory("not enough memory to process this page", stage=stage)
     log.error("job %s: unexpected error in %s", job.id, stage, exc_info=exc)
     return PaperlaneError(INTERNAL_REASON, stage=stage)
 

@@ -40,8 +40,9 @@ import cv2
 import numpy as np
 from PIL import Image, TiffImagePlugin, UnidentifiedImageError
 
+from paperlane import filetypes
 from paperlane import pdfium as pdfium_lock
-from paperlane.errors import InputError, PaperlaneError
+from paperlane.errors import InputError, OutOfMemory
 from paperlane.models.engine import InputSpec, PreparedImage
 
 if TYPE_CHECKING:
@@ -50,10 +51,8 @@ if TYPE_CHECKING:
 _STAGE = "preprocess"
 _FORMATS = {"JPEG", "PNG", "TIFF", "BMP", "WEBP", "GIF", "JPEG2000", "PPM"}
 _GREY_MODES = {"1", "L", "LA", "La", "I", "F"}  # and "I;16..." (Pillow's image modes without colour)
-_TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic and BigTIFF, either byte order
 # OpenCV turns these upright by their EXIF orientation, except when it keeps their alpha channel.
 _ORIENTED_UNLESS_ALPHA = {"PNG", "WEBP"}
-_EXIF_ORIENTATION = 0x0112
 PDF_DPI = 300  # a PDF page's original pixels: its size in points x PDF_DPI / 72 (see the module docstring)
 # PDFium is not thread-safe, and a worker prepares urgent pages on two threads.
 PDFIUM_LOCK = pdfium_lock.LOCK
@@ -108,7 +107,7 @@ def read_header(data: bytes, limits: Limits) -> Header:
             with Image.open(io.BytesIO(data)) as im:
                 fmt, (w, h), mode = im.format or "?", im.size, im.mode
                 has_alpha = "A" in mode or mode == "P"
-                orientation = _orientation(im) if has_alpha and fmt in _ORIENTED_UNLESS_ALPHA else 1
+                orientation = filetypes.exif_orientation(im) if has_alpha and fmt in _ORIENTED_UNLESS_ALPHA else 1
     except Image.DecompressionBombError as exc:  # Pillow's own guard, far above ours: say how large
         found = re.search(r"\((\d+) pixels\)", str(exc))
         size = f" ({int(found.group(1)) / 1e6:.0f} MP" if found else " ("
@@ -130,19 +129,6 @@ def _check_pixels(w: int, h: int, limits: Limits, *, what: str) -> None:
     if w * h > limits.max_pixels:
         raise InputError(f"{what} too large ({w}x{h} = {w * h / 1e6:.0f} MP, limit {limits.max_pixels / 1e6:.0f} MP)",
                          stage=_STAGE)
-
-
-def _orientation(im: Image.Image) -> int:
-    """The EXIF orientation (1-8) ``im`` declares; 1 when it declares none or nonsense."""
-    # A PNG's eXIf chunk counts before the pixels only (where writers put it and browsers read it):
-    # to look for one after them, Pillow would decode the whole image.
-    if im.format == "PNG" and "exif" not in im.info:
-        return 1
-    try:
-        value = im.getexif().get(_EXIF_ORIENTATION, 1)
-    except (OSError, SyntaxError, ValueError, KeyError, TypeError, struct.error):  # broken EXIF: ignored
-        return 1
-    return value if isinstance(value, int) and 1 <= value <= 8 else 1
 
 
 # EXIF orientation -> what turns the stored pixels upright (as Pillow's ImageOps.exif_transpose does).
@@ -280,13 +266,13 @@ def prepare_page(data: bytes, spec: InputSpec, limits: Limits = Limits(), *, pag
 
     ``page`` counts from 1: a PDF's page, a TIFF's frame; any other image has page 1 only.
     Raises InputError for pages that cannot be read or prepared (a page the original does not have
-    among them), and a retryable PaperlaneError when memory runs out.
+    among them), and OutOfMemory (retryable) when memory runs out.
     """
     _check_file_size(data, limits)
     if page < 1:
         raise InputError(f"no page {page} (pages are numbered from 1)", stage=_STAGE)
     try:
-        if data.startswith(b"%PDF"):
+        if filetypes.is_pdf(data):
             img, width, height = render_pdf_page(data, page, spec, limits)
             pad = (0, 0)  # rendered at the engine's size
         else:
@@ -297,7 +283,7 @@ def prepare_page(data: bytes, spec: InputSpec, limits: Limits = Limits(), *, pag
     except cv2.error as exc:
         raise InputError(f"cannot prepare this image (OpenCV: {opencv_reason(exc)})", stage=_STAGE) from exc
     except MemoryError:
-        raise PaperlaneError("not enough memory to prepare this page", stage=_STAGE, retryable=True) from None
+        raise OutOfMemory("not enough memory to prepare this page", stage=_STAGE) from None
     return PreparedPage(image=image, width=width, height=height, preview=preview)
 
 
@@ -327,7 +313,7 @@ def decode_tiff_frame(data: bytes, page: int, limits: Limits, *,
     The frame's own header is checked against ``limits`` before its pixels are decoded (Pillow's guard,
     not ours anyway, looks at the first frame only). Raises InputError for an image that is no TIFF.
     """
-    if not data.startswith(_TIFF_MAGIC):
+    if not filetypes.is_tiff(data):
         fmt = read_header(data, limits).format
         raise InputError(f"no page {page} in a {fmt} image (it has one page)", stage=_STAGE)
     try:
@@ -341,7 +327,7 @@ def decode_tiff_frame(data: bytes, page: int, limits: Limits, *,
                 raise InputError(f"no page {page} in this TIFF ({count} page{'s' * (count != 1)})",
                                  stage=_STAGE) from None
             _check_pixels(*im.size, limits, what=f"TIFF page {page}")
-            frame, orientation = _eight_bit(im), _orientation(im)
+            frame, orientation = _eight_bit(im), filetypes.exif_orientation(im)
     except _PILLOW_ERRORS:
         raise InputError(f"corrupt TIFF page {page} (cannot be decoded)", stage=_STAGE) from None
     img = _frame_pixels(frame, grayscale=grayscale)

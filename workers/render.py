@@ -13,6 +13,7 @@ import cv2
 import numpy as np
 
 from paperlane.errors import PaperlaneError
+from paperlane.filetypes import HEAD, FileType, sniff
 from paperlane.schemas import Line, Point
 from paperlane.settings import ImageFormat
 
@@ -25,8 +26,7 @@ _ENCODINGS: dict[ImageFormat, tuple[str, list[int]]] = {
     ImageFormat.WEBP: (".webp", [cv2.IMWRITE_WEBP_QUALITY, 80]),
     ImageFormat.PNG: (".png", [cv2.IMWRITE_PNG_COMPRESSION, 1]),
 }
-_MAGIC: tuple[tuple[bytes, int, ImageFormat], ...] = (
-    (b"\xff\xd8\xff", 0, ImageFormat.JPEG), (b"\x89PNG", 0, ImageFormat.PNG), (b"WEBP", 8, ImageFormat.WEBP))
+_OF_FORMAT = {FileType.JPEG: ImageFormat.JPEG, FileType.PNG: ImageFormat.PNG, FileType.WEBP: ImageFormat.WEBP}
 
 
 def annotate(preview: np.ndarray, lines: list[Line], *, page_width: int, page_height: int,
@@ -77,7 +77,5 @@ def _ints(points: np.ndarray) -> np.ndarray:
 
 def format_of(data: bytes) -> ImageFormat | None:
     """The format of an encoded annotated image, from its first bytes (None: not one of ours)."""
-    for magic, offset, fmt in _MAGIC:
-        if data[offset:offset + len(magic)] == magic:
-            return fmt
-    return None
+    fmt = sniff(data[:HEAD])
+    return _OF_FORMAT.get(fmt) if fmt is not None else None

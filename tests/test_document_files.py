@@ -19,7 +19,7 @@ import pytest
 from PIL import Image, ImageDraw
 
 from paperlane.schemas import JobStatus, Line, PageResult, Point, Task
-from paperlane.workers.docout import document_json, document_markdown, searchable_pdf
+from paperlane.workers.document_files import document_json, document_markdown, searchable_pdf
 
 Box = tuple[float, float, float, float]  # left, bottom, right, top in PDF points
 

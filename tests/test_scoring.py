@@ -1,4 +1,4 @@
-"""The accuracy helpers in tests/metrics.py."""
+"""The accuracy helpers in tests/scoring.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.metrics import (
+from tests.scoring import (
     box_iou,
     cer,
     cer_nospace,

@@ -66,6 +66,7 @@ import pypdfium2 as pdfium
 import pypdfium2.raw as pdfium_c
 from PIL import Image, ImageSequence
 
+from paperlane import filetypes
 from paperlane.errors import PaperlaneError
 from paperlane.schemas import JobStatus, PageResult, Point, Task
 
@@ -79,7 +80,6 @@ _DESCENT, _ASCENT = 0.2, 0.8  # the glyph box spans 1 em: font size = line heigh
 _ADVANCE = 0.5  # every glyph is half an em wide before the horizontal scaling
 _UNLAYERED_TASKS = (Task.FIELDS, Task.TRANSLATE)
 _MARK_RGB = (200, 0, 0)
-_EXIF_ORIENTATION = 0x0112
 _NOTE_CHARS = 300  # a failure's reason is cut to this
 
 
@@ -169,7 +169,7 @@ def _base_document(original: bytes | None, ext: str, *, max_pixels: int) -> pdfi
     """The original's pages as a PDF: the PDF itself, a page per image frame, or no pages."""
     if original is None:
         return pdfium.PdfDocument.new()
-    if ext.lower() == ".pdf" or b"%PDF-" in original[:1024]:
+    if ext.lower() == ".pdf" or filetypes.is_pdf(original):
         try:
             return pdfium.PdfDocument(original)
         except pdfium.PdfiumError as exc:
@@ -188,7 +188,7 @@ def _base_document(original: bytes | None, ext: str, *, max_pixels: int) -> pdfi
 
 
 def _add_image_page(pdf: pdfium.PdfDocument, frame: Image.Image, jpeg: bytes | None, *, max_pixels: int) -> None:
-    orientation = _orientation(frame)
+    orientation = filetypes.exif_orientation(frame)
     (w, h), (dpi_x, dpi_y) = frame.size, _dpi(frame)
     if orientation >= 5:  # stored on its side: upright, its width is the stored height
         w, h, dpi_x, dpi_y = h, w, dpi_y, dpi_x
@@ -238,17 +238,6 @@ def _pixels(frame: Image.Image) -> Image.Image:
         rgba = frame.convert("RGBA")
         return Image.alpha_composite(Image.new("RGBA", rgba.size, "white"), rgba).convert("RGB")
     return frame.convert("RGB")
-
-
-def _orientation(frame: Image.Image) -> int:
-    """The EXIF orientation (1-8) the worker turns this image upright by."""
-    if frame.format == "PNG" and "exif" not in frame.info:
-        return 1  # the worker honours a PNG's eXIf chunk only before the pixels
-    try:
-        value = frame.getexif().get(_EXIF_ORIENTATION, 1)
-    except (OSError, SyntaxError, ValueError, KeyError, TypeError, struct.error):  # broken EXIF: ignored
-        return 1
-    return value if isinstance(value, int) and 1 <= value <= 8 else 1
 
 
 def _dpi(frame: Image.Image) -> tuple[float, float]:

@@ -1,4 +1,5 @@
-"""A worker's /metrics: paperlane's series, the lanes' queue depths, and the GPU through NVML when present.
+"""A worker's /metrics endpoint: paperlane's series (``paperlane.metrics``), the lanes' queue depths, and the GPU
+through NVML when present.
 
 Queue depths are read from Redis at scrape time (every priority list of each lane), so they are the
 broker's truth whichever worker is scraped. GPU series come from NVML (``nvidia-ml-py``): memory used and
@@ -26,8 +27,8 @@ log = logging.getLogger(__name__)
 class QueueDepth(Collector):
     """Messages waiting on each lane's queue, read from Redis when scraped."""
 
-    def __init__(self, redis_url: str) -> None:
-        self._redis = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
+    def __init__(self, client: redis.Redis) -> None:
+        self._redis = client
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily("paperlane_queue_depth", "messages waiting on a lane's queue", labels=["lane"])
@@ -85,22 +86,34 @@ class Nvml(Collector):
         yield from (used, total, util, temp)
 
 
-_started: int | None = None
+class MetricsServer:
+    """This process's /metrics server on ``metrics.port`` (0: any free port; unset: none), with the queue depths
+    and GPU collectors registered while it runs."""
 
+    def __init__(self, settings: Settings, client: redis.Redis) -> None:
+        self._settings = settings
+        self._collectors: list[Collector] = [QueueDepth(client)]
+        if settings.metrics.nvml:
+            nvml = Nvml()
+            if nvml.present:
+                self._collectors.append(nvml)
+        self._server: Any = None
+        self.port: int | None = None
 
-def serve(settings: Settings) -> int | None:
-    """Start this process's /metrics server on ``metrics.port`` (0: any free port); the port, or None when off."""
-    global _started
-    if settings.metrics.port is None:
-        return None
-    if _started is not None:
-        return _started
-    REGISTRY.register(QueueDepth(settings.redis.url))
-    if settings.metrics.nvml:
-        nvml = Nvml()
-        if nvml.present:
-            REGISTRY.register(nvml)
-    started = start_http_server(settings.metrics.port, addr="0.0.0.0")  # (server, thread) since 0.21
-    _started = int(started[0].server_port) if started else settings.metrics.port
-    log.info("metrics on :%d/metrics", _started)
-    return _started
+    def start(self) -> None:
+        if self._settings.metrics.port is None:
+            return
+        for collector in self._collectors:
+            REGISTRY.register(collector)
+        self._server, _ = start_http_server(self._settings.metrics.port, addr="0.0.0.0")
+        self.port = int(self._server.server_port)
+        log.info("metrics on :%d/metrics", self.port)
+
+    def stop(self) -> None:
+        if self._server is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        self._server = None
+        for collector in self._collectors:
+            REGISTRY.unregister(collector)

@@ -1,0 +1,16 @@
+"""paperlane's HTTP API (FastAPI): another producer and reader over the same ingests, documents and pages.
+
+Every answer about state is read from the database, so any replica answers for any worker; uploads are
+registered exactly as ``paperlane submit`` registers files (``Submitter``), as an ingest of the caller's
+tenant. ``/docs`` serves the OpenAPI description, ``/`` a web page to try it.
+
+    app          the app: its routers, error handlers, metrics, the webhook dispatcher      create_app, serve
+    service      what the routes share (database, store, broker, Redis), and who is calling (keys, rates)
+    errors       one error shape: {"error": {"code", "message"}}, a public message only
+    options      the options of an upload or an ingest, defined once
+    uploads      a multipart upload read within its limits, and registered
+    documents    /v1/documents: upload, status (long poll), result, events (SSE)
+    ingests      /v1/ingests: an S3 ingest, status
+    pages        /v1/pages: a page, its annotated image
+    health       /healthz, /readyz, /metrics, and the web page at /
+"""

@@ -1,0 +1,66 @@
+"""The API app: its routers by resource, its error handlers and request metrics, and this process's webhook
+dispatcher; ``serve`` runs it with uvicorn (``paperlane api``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from anyio import to_thread
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from paperlane.metrics import API_REQUESTS, API_SECONDS
+from paperlane.producer.api import documents, errors, health, ingests, pages
+from paperlane.producer.api.service import Service
+from paperlane.producer.webhooks import Dispatcher
+from paperlane.settings import Settings
+
+
+def create_app(settings: Settings, *, webhooks: bool = True) -> FastAPI:
+    """The API app. ``webhooks``: run this process's webhook dispatcher."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        service = Service.open(settings)
+        await to_thread.run_sync(service.db.upgrade)
+        app.state.service = service
+        dispatcher = Dispatcher(service.db, settings.api) if webhooks else None
+        task = asyncio.create_task(dispatcher.run()) if dispatcher else None
+        try:
+            yield
+        finally:
+            if dispatcher and task:
+                dispatcher.stop()
+                await task
+            service.close()
+
+    app = FastAPI(title="paperlane", version="1", lifespan=lifespan,
+                  description="Scanned documents to structured text: upload, wait, stream page results.")
+    errors.install(app)
+    _measure(app)
+    for module in (health, documents, ingests, pages):
+        app.include_router(module.router)
+    return app
+
+
+def _measure(app: FastAPI) -> None:
+    @app.middleware("http")
+    async def measure(request: Request, call_next: Callable[[Request], Any]) -> Response:
+        started = time.perf_counter()
+        response: Response = await call_next(request)
+        route = getattr(request.scope.get("route"), "path", "unmatched")
+        API_SECONDS.labels(request.method, route).observe(time.perf_counter() - started)
+        API_REQUESTS.labels(request.method, route, str(response.status_code)).inc()
+        return response
+
+
+def serve(settings: Settings, *, host: str, port: int) -> None:
+    """Run the API with uvicorn (``paperlane api``)."""
+    import uvicorn
+
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower(),
+                proxy_headers=True, server_header=False)

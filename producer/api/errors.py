@@ -1,0 +1,63 @@
+"""The API's one error shape, ``{"error": {"code": ..., "message": ...}}``, with a public message only: nothing
+internal (a traceback, a SQL statement, a host name) reaches a client. Another tenant's ids answer 404, as
+unknown ids do."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from paperlane.errors import NotFound, StorageUnavailable, UsageError, public_reason
+
+log = logging.getLogger(__name__)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.headers = status, code, message, headers
+
+
+def error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
+
+
+def install(app: FastAPI) -> None:
+    """Answer every error in the one shape."""
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return error(exc.status, exc.code, exc.message, exc.headers)
+
+    @app.exception_handler(NotFound)
+    async def not_found(request: Request, exc: NotFound) -> JSONResponse:
+        return error(404, "not_found", "no such resource")
+
+    @app.exception_handler(UsageError)
+    async def usage(request: Request, exc: UsageError) -> JSONResponse:
+        return error(400, "invalid_request", public_reason(exc))
+
+    @app.exception_handler(StorageUnavailable)
+    async def unavailable(request: Request, exc: StorageUnavailable) -> JSONResponse:
+        log.warning("%s %s: %s", request.method, request.url.path, exc)
+        return error(503, "unavailable", "a service paperlane needs is unreachable; try again", {"Retry-After": "5"})
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        return error(422, "invalid_request", f"{where}: {first.get('msg', 'invalid')}" if where else "invalid")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return error(exc.status_code, code, "no such resource" if exc.status_code == 404 else code.replace("_", " "))
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, exc: Exception) -> JSONResponse:
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return error(500, "internal", "internal error")

@@ -1,0 +1,57 @@
+"""The process's health (/healthz), its readiness (/readyz: the database, Redis and the object store answer), its
+metrics (/metrics), and the web page (/)."""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from importlib import resources
+
+from fastapi import APIRouter
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
+
+from paperlane.producer.api.service import ServiceDep
+from paperlane.storage.db import Database
+
+log = logging.getLogger(__name__)
+
+router = APIRouter()
+
+
+@router.get("/", include_in_schema=False)
+def index() -> HTMLResponse:
+    return HTMLResponse(resources.files("paperlane.producer").joinpath("web/index.html").read_text("utf-8"))
+
+
+@router.get("/metrics", include_in_schema=False)
+def metrics() -> Response:
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/healthz", tags=["health"])
+def healthz() -> dict[str, str]:
+    """The process is up."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", tags=["health"])
+def readyz(svc: ServiceDep) -> JSONResponse:
+    """The database, Redis and the object store answer."""
+    checks: dict[str, str] = {}
+    for name, check in (("database", partial(_db_ready, svc.db)), ("redis", svc.redis.ping),
+                        ("objects", partial(svc.store.exists, "readyz"))):
+        try:
+            check()
+            checks[name] = "ok"
+        except Exception as exc:
+            log.warning("readyz: %s: %s", name, exc)
+            checks[name] = "unreachable"
+    ok = all(v == "ok" for v in checks.values())
+    return JSONResponse({"status": "ok" if ok else "unavailable", "checks": checks}, status_code=200 if ok else 503)
+
+
+def _db_ready(db: Database) -> None:
+    with db.session() as s:
+        s.execute(text("SELECT 1"))

@@ -1,0 +1,58 @@
+"""The options of an upload or an ingest, defined once: what to do with the pages, in which lane, whom to call."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError
+
+from paperlane.priority.lanes import LEVELS_PER_LANE, Lane
+from paperlane.producer.api.errors import ApiError
+from paperlane.producer.webhooks import check_callback
+from paperlane.schemas import Task, TaskSpec
+from paperlane.settings import ApiSettings
+from paperlane.storage.tenants import Caller
+
+
+class Options(BaseModel):
+    lane: Lane = Lane.BATCH
+    task: Task = Task.SPOTTING
+    fields: list[str] = Field(default_factory=list, description="fields task: the keys to extract")
+    to: str = Field("English", description="translate task: the target language")
+    priority: int = Field(0, ge=0, le=LEVELS_PER_LANE - 1, description="order within the lane, 0 (first) to 4")
+    callback_url: str | None = Field(None, description="POSTed (signed) when the ingest finishes")
+    name: str | None = Field(None, max_length=200)
+
+    def spec(self) -> TaskSpec:
+        return TaskSpec(task=self.task, fields=tuple(self.fields), target_language=self.to)
+
+
+class IngestRequest(Options):
+    """Register objects already in S3 as a batch ingest."""
+
+    source: str | None = Field(None, description="s3://bucket/prefix: every object under it")
+    bucket: str | None = Field(None, description="with keys: the bucket of the listed objects")
+    keys: list[str] = Field(default_factory=list, max_length=10_000, description="object keys, each a document")
+
+
+def checked(options: Options | dict[str, Any], who: Caller, api: ApiSettings) -> tuple[Options, TaskSpec]:
+    """``options`` validated for ``who``: 422 when they do not validate, 403 for a lane its key may not use, 400 for
+    a callback URL that may not be called. Resolves the callback's host: call it off the event loop."""
+    try:
+        opts = options if isinstance(options, Options) else Options.model_validate(options)
+        spec = opts.spec()
+    except (ValidationError, ValueError) as exc:
+        raise ApiError(422, "invalid_request", _first_error(exc)) from None
+    if opts.lane is Lane.INTERACTIVE and not who.interactive:
+        raise ApiError(403, "lane_forbidden", "this key may not use the interactive lane")
+    if opts.callback_url:
+        check_callback(opts.callback_url, allow_private=api.webhook_private)
+    return opts, spec
+
+
+def _first_error(exc: Exception) -> str:
+    if not isinstance(exc, ValidationError):
+        return str(exc)
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"])
+    return f"{where}: {first['msg']}" if where else str(first["msg"])

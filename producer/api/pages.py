@@ -1,0 +1,36 @@
+"""/v1/pages: a page's status and result, and its annotated image."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+
+from paperlane.producer.api.errors import ApiError
+from paperlane.producer.api.service import CallerDep, ServiceDep
+from paperlane.storage import ingests, views
+from paperlane.storage.results import page_result
+
+router = APIRouter(prefix="/v1/pages", tags=["pages"])
+
+
+@router.get("/{page_id}")
+def get_page(page_id: str, svc: ServiceDep, who: CallerDep) -> dict[str, Any]:
+    """A page: its status and, once final, its result."""
+    found = ingests.get_page(svc.db, page_id, tenant_id=who.tenant_id)
+    result = None
+    if views.page_state(found.job).final:
+        result = page_result(svc.store, found.job, source=found.document.source, page_no=found.page.page_no)
+    return views.page_view(found.page.id, found.document.id, found.page.page_no, found.job, result=result)
+
+
+@router.get("/{page_id}/annotated")
+def get_annotated(page_id: str, svc: ServiceDep, who: CallerDep) -> Response:
+    """The page's annotated image (its lines drawn on it)."""
+    found = ingests.get_page(svc.db, page_id, tenant_id=who.tenant_id)
+    key = found.job.annotated_key
+    if not key:
+        raise ApiError(404, "not_found", "this page has no annotated image")
+    media = "image/jpeg" if key.endswith(".jpg") else f"image/{key.rsplit('.', 1)[-1]}"
+    return Response(svc.store.get(key), media_type=media, headers={"Cache-Control": "private, max-age=300"})

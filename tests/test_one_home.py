@@ -1,0 +1,85 @@
+"""Policies with one home: only ``priority.keys`` names Redis keys, only ``priority.connection`` opens a Redis
+client, only ``paperlane.status`` spells a state, only ``paperlane.formats`` reads magic bytes."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from paperlane.priority import keys
+from paperlane.status import JobStatus, OutputsState, PageState, RollupState
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("paperlane", "producer", "priority", "workers", "models", "storage")
+# Migrations before the status module are history: they keep the words they were written with.
+FROZEN = {f"storage/migrations/versions/000{n}_" for n in range(1, 5)}
+
+
+def _sources(*, skip: set[str]) -> list[tuple[str, ast.AST]]:
+    found = []
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            rel = path.relative_to(REPO).as_posix()
+            if rel in skip or any(rel.startswith(prefix) for prefix in FROZEN):
+                continue
+            found.append((rel, ast.parse(path.read_text(), rel)))
+    return found
+
+
+def _strings(tree: ast.AST) -> list[tuple[int, str]]:
+    """Every string constant, f-strings' literal parts included, but docstrings left out."""
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+
+
+def test_only_the_keys_module_names_redis_keys() -> None:
+    names = (keys.DELAYED, keys.RELEASING, keys.DELAYED_CHANNEL, keys.DEAD_LETTERS, keys.UNACKED, keys.answer("x"),
+             keys.rate("x", 0), keys.queue("x"))
+    assert all(_key_like(name) for name in names)  # what the check below looks for is what keys are like
+    wrong = [f"{rel}:{line}: {text!r}" for rel, tree in _sources(skip={"priority/keys.py"})
+             for line, text in _strings(tree) if _key_like(text)]
+    assert not wrong, "Redis key names outside priority/keys.py:\n" + "\n".join(wrong)
+
+
+def _key_like(text: str) -> bool:
+    """``paperlane.<what>...`` or ``paperlane:<what>...`` with no space, or kombu's ``unacked``, that is not a
+    module, task, signal uid or file of paperlane's."""
+    if text == keys.UNACKED:
+        return True
+    if not re.fullmatch(r"paperlane[.:][\w.:-]+", text):
+        return False
+    first = re.split(r"[.:]", text)[1]
+    return first not in {*PACKAGES, "process_page", "pdfium", "cli", "errors", "schemas", "settings", "status",
+                         "formats", "retry", "metrics", "report", "lane_gate", "stop", "db"}
+
+
+def test_only_the_connection_module_opens_a_redis_client() -> None:
+    wrong = []
+    for rel, tree in _sources(skip={"priority/connection.py"}):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and (
+                    node.func.attr in ("from_url", "StrictRedis", "ConnectionPool")
+                    or (node.func.attr == "Redis" and isinstance(node.func.value, ast.Name)
+                        and node.func.value.id == "redis")):
+                wrong.append(f"{rel}:{node.lineno}")
+    assert not wrong, "Redis clients opened outside priority/connection.py:\n" + "\n".join(wrong)
+
+
+def test_every_state_word_comes_from_the_status_module() -> None:
+    words = {s.value for enum in (JobStatus, PageState, RollupState, OutputsState) for s in enum}
+    wrong = [f"{rel}:{line}: {text!r}" for rel, tree in _sources(skip={"paperlane/status.py"})
+             for line, text in _strings(tree) if text in words]
+    assert not wrong, "state words spelled outside paperlane/status.py:\n" + "\n".join(wrong)
+
+
+def test_only_the_formats_module_reads_magic_bytes() -> None:
+    magic = (b"%PDF", b"\xff\xd8\xff", b"\x89PNG", b"II*\x00", b"MM\x00*", b"PK\x03\x04", b"GIF8")
+    wrong = [f"{rel}:{node.lineno}" for rel, tree in _sources(skip={"paperlane/filetypes.py"})
+             for node in ast.walk(tree)
+             if isinstance(node, ast.Constant) and isinstance(node.value, bytes)
+             and any(node.value.startswith(m) for m in magic)]
+    assert not wrong, "magic bytes outside paperlane/filetypes.py:\n" + "\n".join(wrong)

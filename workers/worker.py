@@ -1,0 +1,235 @@
+"""A paperlane worker, assembled: a Celery worker whose one task is a page, and whose long-lived parts are opened
+in one order, by one Celery bootstep, and closed in the reverse order once the last page has returned.
+
+    part        what it is                                                  opened
+    redis       the process's one Redis client (``priority.connection``)     first
+    runtime     database, object store, the engine (loaded), CPU pool,
+                micro-batcher, the engine answers kept in Redis
+    delayed     the delayed set of retries (``priority.delayed``)
+    letters     the dead-letter list
+    clock       the retry clock: delayed pages back on their lanes (thread)
+    leases      the lease keeper: renew, take back, publish what is missing (thread)
+    outputs     the outputs sweep: document outputs nobody is writing (thread)
+    gate        the lane gate: which lanes the consumer takes pages from
+    stopping    the graceful stop on SIGTERM (thread)
+    metrics     the /metrics server                                          last
+
+The flow of one page: Redis hands its message to the consumer; the lane gate counts it as started; the task
+(``process_page``) starts an attempt under a lease (``jobs.start_attempt``), runs it through the pipeline
+(``pipeline.process_page``: fetch and prepare on the CPU pool, the engine in a micro-batch, post-process, store),
+settles it with the retry policy (``attempts.settle``: done, retried through the delayed set, failed, or handed
+back), and writes the outputs of any document it finished (``outputs.Writer``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from contextlib import ExitStack
+from typing import Any
+
+from celery import Task, bootsteps
+from celery.exceptions import Reject
+from celery.worker import state as celery_state
+
+from paperlane.errors import JobNotFound, StorageUnavailable, UsageError
+from paperlane.models.engine import Engine
+from paperlane.models.factory import build_engine
+from paperlane.priority.broker import make_celery, send_page
+from paperlane.priority.connection import open_redis
+from paperlane.priority.deadletter import DeadLetters
+from paperlane.priority.delayed import DelayedPage, DelayedPages
+from paperlane.priority.lanes import TASK_PROCESS_PAGE, Lane
+from paperlane.priority.policy import LanePolicy
+from paperlane.priority.scheduler import LaneScheduler
+from paperlane.retry import Action, RetryPolicy
+from paperlane.settings import Settings
+from paperlane.storage import jobs as jobstore
+from paperlane.workers.answers import EngineAnswers
+from paperlane.workers.attempts import settle
+from paperlane.workers.exporter import MetricsServer
+from paperlane.workers.lane_gate import ConsumerLanes, LaneGate
+from paperlane.workers.leases import LeaseKeeper
+from paperlane.workers.outputs import OutputsSweep, Writer
+from paperlane.workers.pipeline import Runtime, Slots, process_page
+from paperlane.workers.retry_clock import RetryClock
+from paperlane.workers.shutdown import GracefulStop
+
+log = logging.getLogger(__name__)
+
+
+class Worker:
+    """One worker process: its Celery app and its parts (see the module docstring)."""
+
+    def __init__(self, settings: Settings, *, lanes: list[Lane] | None = None, engine: Engine | None = None) -> None:
+        self.settings = settings
+        self.lanes = lanes or list(Lane)
+        self.name = f"{socket.gethostname()}:{os.getpid()}"
+        self.policy = RetryPolicy.of(settings.worker)
+        # Built, not loaded: its capacity sizes the task slots Celery is started with.
+        self.engine = engine or build_engine(settings.engine)
+        self.slots = Slots.plan(settings.worker, self.engine.capacity)
+        self.app = make_celery(settings)
+        self._stack = ExitStack()
+        self._register()
+
+    # -- parts -------------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Open every part in order; on a failure, close what was opened and raise."""
+        with ExitStack() as stack:
+            cfg = self.settings.worker
+            self.redis = open_redis(self.settings.redis)
+            stack.callback(self.redis.close)
+            self.runtime = Runtime.start(self.settings, engine=self.engine, answers=EngineAnswers(self.redis))
+            stack.callback(self.runtime.close)
+            self.delayed = DelayedPages(self.redis)
+            self.letters = DeadLetters(self.redis)
+            self.clock = _started(stack, RetryClock(self.redis, self.delayed, self._publish))
+            self.leases = _started(stack, LeaseKeeper(self.runtime.db, self.delayed, self.redis, cfg, self.policy,
+                                                      worker=self.name))
+            self.writer = Writer(self.runtime.db, self.runtime.store, self.policy, hold=cfg.page_timeout,
+                                 max_pixels=cfg.max_image_pixels)
+            _started(stack, OutputsSweep(self.writer, every=cfg.lease / 3))
+            # The batch limit keeps slots free for interactive pages; a worker that serves no interactive lane
+            # needs none.
+            limit = self.slots.batch if Lane.INTERACTIVE in self.lanes else None
+            self.scheduler = LaneScheduler(LanePolicy(batch_share=cfg.batch_share, batch_limit=limit),
+                                           source := ConsumerLanes(self.redis), lanes=self.lanes)
+            self.gate = _started(stack, LaneGate(self.scheduler, source))
+            _started(stack, GracefulStop(self.runtime.batcher, grace=cfg.shutdown_grace))
+            _started(stack, MetricsServer(self.settings, self.redis))
+            self._stack = stack.pop_all()
+
+    def close(self) -> None:
+        """Close every part, the last opened first."""
+        self._stack.close()
+
+    def _publish(self, pages: list[DelayedPage]) -> None:
+        with self.app.producer_or_acquire() as producer:
+            for page in pages:
+                send_page(self.app, page.job_id, page.lane, page.message_priority, producer=producer)
+
+    # -- the task ------------------------------------------------------------------------------------
+
+    def _register(self) -> None:
+        worker = self
+
+        @self.app.task(name=TASK_PROCESS_PAGE, bind=True, acks_late=True)
+        def process_page_task(self: Task, job_id: str) -> str:
+            lane = _lane_of(self)
+            try:
+                return worker.handle(str(job_id), lane, self.request.delivery_info or {})
+            finally:
+                worker.scheduler.finished(lane)
+
+        self.app.steps["worker"].add(_parts_step(self))
+        self.app.steps["consumer"].add(_gate_step(self))
+
+    def handle(self, job_id: str, lane: Lane, delivery: dict[str, Any]) -> str:
+        """One message: attempt its page and settle it (done, failed, or back on its lane later)."""
+        try:
+            return self._start_and_settle(job_id, lane)
+        except StorageUnavailable as exc:
+            # The database is unreachable: nothing about the page can be recorded, so the whole message goes
+            # back to its lane later, its attempt not counted (processing a page twice is harmless).
+            delay = self.policy.unrecorded_delay()
+            priority = delivery.get("priority")
+            self._delay(DelayedPage(job_id, lane, lane.base_priority if priority is None else int(priority)), delay)
+            log.warning("job %s: %s; back on its lane in %.0fs", job_id, exc, delay)
+            return Action.RETRY.value
+
+    def _start_and_settle(self, job_id: str, lane: Lane) -> str:
+        rt, cfg = self.runtime, self.settings.worker
+        try:
+            job = jobstore.start_attempt(rt.db, job_id, policy=self.policy, worker=self.name, lease=cfg.lease)
+        except JobNotFound as exc:
+            message = json.dumps({"task": TASK_PROCESS_PAGE, "args": [job_id]})
+            self.letters.add(message, reason=str(exc), queue=lane.queue)
+            return "unknown"
+        if job is None:  # final already (a redelivery), or another worker holds it under a live lease
+            log.info("job %s not started: final, or held under a live lease", job_id)
+            return "duplicate"
+        self.leases.hold(job.id)
+        try:
+            settled = settle(rt.db, process_page(rt, job), self.policy)
+        finally:
+            self.leases.release(job.id)
+        decision = settled.decision
+        if decision.action in (Action.RETRY, Action.HANDED_BACK):  # handed back: its worker is stopping, due now
+            self._delay(DelayedPage(job.id, Lane(job.lane), job.message_priority), decision.delay)
+        for document_id in settled.outputs_due:
+            self.writer.write(document_id)
+        return decision.action.value
+
+    def _delay(self, page: DelayedPage, delay: float) -> None:
+        try:
+            self.delayed.add(page, delay)
+        except StorageUnavailable as exc:  # Redis is down too: hand the message back as it is
+            raise Reject(str(exc), requeue=True) from exc
+
+    def wait_for_tasks(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` seconds) until no task of this worker is running: the parts they use must
+        outlive them."""
+        deadline = time.monotonic() + timeout
+        while celery_state.active_requests and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def _started(stack: ExitStack, part: Any) -> Any:
+    """Start ``part`` and have ``stack`` stop it."""
+    part.start()
+    stack.callback(part.stop)
+    return part
+
+
+def _lane_of(task: Task) -> Lane:
+    queue = (task.request.delivery_info or {}).get("routing_key")
+    return Lane.of_queue(queue) or Lane.BATCH
+
+
+def _parts_step(worker: Worker) -> type[bootsteps.StartStopStep]:
+    class PaperlaneParts(bootsteps.StartStopStep):
+        """Opens the worker's parts before its consumer takes a message; closes them once the tasks are done."""
+
+        requires = ("celery.worker.components:Pool",)
+
+        def start(self, w: Any) -> None:
+            try:
+                worker.open()
+            except UsageError as exc:  # misconfigured: one line and exit code 2, as the CLI's own usage errors
+                log.error("error: %s", exc)
+                raise SystemExit(2) from None
+
+        def stop(self, w: Any) -> None:
+            # Celery stops this step before its pool: pages still on their threads must finish first (a stopping
+            # worker's pages are handed back within shutdown_grace).
+            worker.wait_for_tasks(worker.settings.worker.shutdown_grace + 30)
+            worker.close()
+
+    return PaperlaneParts
+
+
+def _gate_step(worker: Worker) -> type[bootsteps.StartStopStep]:
+    class LaneGateStep(bootsteps.StartStopStep):
+        """In the consumer: applies the lanes the scheduler keeps open to the lane queues it consumes."""
+
+        requires = ("celery.worker.consumer.tasks:Tasks",)
+
+        def start(self, c: Any) -> None:
+            worker.gate.consumer_started(c)
+
+        def stop(self, c: Any) -> None:
+            worker.gate.consumer_stopped()
+
+    return LaneGateStep
+
+
+def celery_argv(worker: Worker, *, hostname: str | None = None) -> list[str]:
+    """The ``celery worker`` arguments that run ``worker``: a thread per page slot, its lanes' queues."""
+    argv = ["worker", "--pool=threads", f"--concurrency={worker.slots.total}", "--without-gossip", "--without-mingle",
+            f"--queues={','.join(lane.queue for lane in worker.lanes)}", f"--loglevel={worker.settings.log_level}"]
+    return [*argv, f"--hostname={hostname}"] if hostname else argv
