@@ -9,7 +9,7 @@ import pytest
 
 from paperlane.schemas import BlockKind, Line, Point
 from paperlane.settings import LayoutSettings
-from paperlane.workers.layout import estimate_words, order_lines
+from paperlane.layout import estimate_words, order_lines
 
 LINE_H, GAP = 20.0, 10.0  # a line's box height and the blank between two lines of a paragraph
 

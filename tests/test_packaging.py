@@ -15,8 +15,8 @@ REPO = Path(__file__).resolve().parents[1]
 # settings, schemas and errors at the bottom, the CLI on top.
 LAYERS: list[set[str]] = [
     {"paperlane.errors", "paperlane.schemas", "paperlane.settings", "paperlane.report", "paperlane.pdfium",
-     "paperlane.metrics"},
-    {"paperlane.storage", "paperlane.models"},
+     "paperlane.metrics", "paperlane.layout"},
+    {"paperlane.storage", "paperlane.models", "paperlane.formats"},
     {"paperlane.priority"},
     {"paperlane.producer"},
     {"paperlane.workers"},

@@ -7,7 +7,7 @@ import math
 from paperlane.models.engine import EngineOutput, PreparedImage
 from paperlane.schemas import Block, EngineInfo, JobStatus, Line, PageResult, Point, Task, TaskSpec
 from paperlane.settings import LayoutSettings
-from paperlane.workers.layout import estimate_words, is_rtl, order_lines
+from paperlane.layout import estimate_words, is_rtl, order_lines
 
 
 def to_original(lines: list[Line], image: PreparedImage, size: tuple[int, int] | None = None) -> list[Line]:
@@ -44,7 +44,7 @@ def build_result(*, job_id: str, source: str, page: int, spec: TaskSpec, output:
                  layout: LayoutSettings | None = None) -> PageResult:
     """The succeeded page result for a page of ``size`` (width, height) original pixels.
 
-    Lines with boxes are grouped into blocks and put in reading order (``paperlane.workers.layout``),
+    Lines with boxes are grouped into blocks and put in reading order (``paperlane.layout``),
     each with its words; ``text`` (and, for ``parse``, the markdown, a paragraph a block) follows that
     order when the engine's text was its lines.
     """
