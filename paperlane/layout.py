@@ -15,7 +15,9 @@ the page's median line height:
 2. Otherwise the lines are cut into horizontal bands wherever no line spans the gap, and consecutive
    bands are merged while a gutter still runs through all of them. A full-width title, a footnote or a
    paragraph across the columns breaks that run, so it is read where it stands, before or after the
-   columns, never in the middle of a column. Each merged run that splits into columns is ordered again
+   columns, never in the middle of a column; so does a band without a gutter of its own that starts a
+   paragraph gap below the end of every column (a footnote narrower than a column). The price: a column that runs on below its
+   neighbour's end and starts a new paragraph down there is read after its neighbour. Each merged run that splits into columns is ordered again
    from step 1; each other run is a single column of text.
 3. A single column's lines are read in rows (top to bottom; left to right within a row, or right to
    left) and cut into blocks where a blank gap is at least ``paragraph_gap`` tall.
@@ -167,12 +169,23 @@ class _Cutter:
         for band in self._bands(idx):
             if runs:
                 merged = runs[-1] + band
-                if self._gutters(merged) or (not split and not self._gutters(band)):
+                # A band that starts a paragraph's gap below the end of every column is no column's
+                # continuation: a footnote or a closing paragraph under the columns.
+                gutter = bool(self._gutters(band))
+                below = (split and not gutter
+                         and self._top(band) - self._bottom(runs[-1]) >= self.settings.paragraph_gap * self.unit)
+                if not below and (self._gutters(merged) or (not split and not gutter)):
                     runs[-1], split = merged, bool(self._gutters(merged))
                     continue
             runs.append(band)
             split = bool(self._gutters(band))
         return runs
+
+    def _top(self, idx: list[int]) -> float:
+        return min(self.boxes[i][1] for i in idx)
+
+    def _bottom(self, idx: list[int]) -> float:
+        return max(self.boxes[i][3] for i in idx)
 
     def _paragraphs(self, idx: list[int]) -> list[list[int]]:
         """One column's lines in rows, cut into blocks at tall blank gaps."""

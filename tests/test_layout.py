@@ -46,11 +46,12 @@ def _rows(lines: list[Line]) -> list[str]:
     return [ln.text for ln in sorted(lines, key=lambda ln: (ln.quad[0][1], ln.quad[0][0]))]  # type: ignore[index]
 
 
-def test_two_columns_under_a_full_width_title_with_a_footnote_read_column_by_column() -> None:
+@pytest.mark.parametrize("footnote_width", [800, 300], ids=["full-width", "narrower-than-a-column"])
+def test_two_columns_under_a_full_width_title_with_a_footnote_read_column_by_column(footnote_width: int) -> None:
     title = [Line(text="Title", quad=_quad(100, 60, 900, 40))]
     left = _column("L", 100, 140, 420, 12, break_after=5)
-    right = _column("R", 580, 140, 420, 12, break_after=7)  # rows aligned with the left column's
-    footnote = [Line(text="Footnote", quad=_quad(100, 600, 800, 16))]
+    right = _column("R", 580, 140, 420, 12, break_after=5)  # rows and paragraph breaks aligned with the left's
+    footnote = [Line(text="Footnote", quad=_quad(100, 560, footnote_width, 16))]
 
     read = _read([*title, *left, *right, *footnote])
 
