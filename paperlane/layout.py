@@ -7,18 +7,19 @@
 Reading order is a recursive XY-cut over the lines' boxes (original pixels), with distances measured in
 the page's median line height:
 
-1. A set of lines with a blank vertical strip (a *gutter*, at least ``min_gutter`` wide) running through
-   all of them splits into columns, read left to right (right to left on a right-to-left page), when
-   every column is *running text*: at least ``min_column_width`` wide and ``min_column_lines`` lines.
-   A narrower strip (a receipt's prices, a form's labels) is no column: those lines stay in row order
-   with their neighbours, as a reader reads a table row.
-2. Otherwise the lines are cut into horizontal bands wherever no line spans the gap, and consecutive
-   bands are merged while a gutter still runs through all of them. A full-width title, a footnote or a
-   paragraph across the columns breaks that run, so it is read where it stands, before or after the
-   columns, never in the middle of a column; so does a band without a gutter of its own that starts a
-   paragraph gap below the end of every column (a footnote narrower than a column). The price: a column that runs on below its
-   neighbour's end and starts a new paragraph down there is read after its neighbour. Each merged run that splits into columns is ordered again
-   from step 1; each other run is a single column of text.
+1. The lines are cut into horizontal bands wherever no line spans the gap, and consecutive bands are
+   merged into *runs* while a blank vertical strip (a *gutter*, at least ``min_gutter`` wide) still
+   runs through all of them. A full-width title, a footnote or a paragraph across the columns breaks a
+   run, so it is read where it stands, before or after the columns, never in the middle of a column;
+   so does a band without a gutter of its own that starts a paragraph gap below the end of every column
+   (a footnote narrower than a column). The price: a column that runs on below its neighbour's end and
+   starts a new paragraph down there is read after its neighbour. Several runs: each is ordered again
+   from step 1, top to bottom.
+2. One run splits at its gutters into columns, read left to right (right to left on a right-to-left
+   page), when every column is *running text*: at least ``min_column_width`` wide and
+   ``min_column_lines`` lines; each column is ordered again from step 1. A narrower strip (a receipt's
+   prices, a form's labels) is no column: those lines stay in row order with their neighbours, as a
+   reader reads a table row.
 3. A single column's lines are read in rows (top to bottom; left to right within a row, or right to
    left) and cut into blocks where a blank gap is at least ``paragraph_gap`` tall.
 
@@ -102,14 +103,13 @@ class _Cutter:
 
     def order(self, idx: list[int]) -> list[list[int]]:
         """The blocks of ``idx`` in reading order, each its lines in reading order."""
-        columns = self._columns(idx)
-        if columns is not None:
-            return [block for column in columns for block in self.order(column)]
         runs = self._runs(idx)
-        if len(runs) == 1:
+        if len(runs) > 1:
+            return [block for run in runs for block in self.order(run)]
+        columns = self._columns(idx)
+        if columns is None:
             return self._paragraphs(idx)
-        return [block for run in runs
-                for block in (self.order(run) if self._columns(run) is not None else self._paragraphs(run))]
+        return [block for column in columns for block in self.order(column)]
 
     def _gutters(self, idx: Sequence[int]) -> list[float]:
         """Where blank vertical strips at least ``min_gutter`` wide run through all of ``idx`` (their middles)."""

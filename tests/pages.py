@@ -75,14 +75,17 @@ def tiny_page(i: int) -> bytes:
 
 
 def render_columns(columns: int, *, seed: int = 0, width: int = 1700, font: ImageFont.FreeTypeFont | None = None,
-                   words: list[str] | None = None, rows: int = 14) -> tuple[bytes, str]:
+                   words: list[str] | None = None, joiner: str = " ", rows: int = 14) -> tuple[bytes, str]:
     """A page of ``columns`` columns of running text under a full-width title, with a full-width footnote
     below them (PNG), and its text in reading order (title, each column top to bottom, footnote). The
     columns' lines sit on one baseline grid, so reading in rows across the page mixes the columns; each
-    column has a paragraph break."""
+    column has a paragraph break. ``words`` and ``joiner``: the vocabulary and what joins it (Chinese: "")."""
     rnd = random.Random(seed)
     vocab = words or WORDS
-    font = font or ImageFont.load_default(size=30)
+    if font is None:
+        default = ImageFont.load_default(size=30)
+        assert isinstance(default, ImageFont.FreeTypeFont)  # Pillow's own scalable font
+        font = default
     small = font.font_variant(size=int(font.size * 0.8))
     big = font.font_variant(size=int(font.size * 1.5))
     margin, gutter, lead = 80, 70, int(font.size * 1.6)
@@ -90,7 +93,6 @@ def render_columns(columns: int, *, seed: int = 0, width: int = 1700, font: Imag
     height = 260 + (rows + 1) * lead + 200
     img = Image.new("L", (width, height), 255)
     draw = ImageDraw.Draw(img)
-    joiner = "" if vocab is not WORDS and all(len(w) == 1 for w in vocab[:5]) else " "
     title = joiner.join(rnd.choice(vocab) for _ in range(5)).capitalize()
     draw.text((margin, 80), title, fill=0, font=big)
     truth = [title]

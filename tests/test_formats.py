@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import io
-import json
 import os
 import subprocess
 import sys
@@ -116,7 +115,8 @@ def _hocr_text(data: bytes) -> list[str]:
         if page.get("class") != "ocr_page":
             continue
         lines = [" ".join(w.text for w in line.iter(f"{XHTML_NS}span") if w.get("class") == "ocrx_word")
-                 for line in page.iter(f"{XHTML_NS}span") if line.get("class") in ("ocr_line", "ocr_header", "ocr_footer")]
+                 for line in page.iter(f"{XHTML_NS}span")
+                 if line.get("class") in ("ocr_line", "ocr_header", "ocr_footer")]
         pages.append("\n".join(lines))
     return pages
 
@@ -206,7 +206,8 @@ def test_a_failed_page_is_an_empty_page_that_says_why(alto_schema: Any, page_sch
     reason = "page 2 failed: engine timed out; after 120 s"
     assert etree.fromstring(made[OutputFormat.ALTO]).find(f".//{ALTO_NS}Page").get("QUALITY_DETAIL") == reason
     assert etree.fromstring(made[OutputFormat.PAGE]).findtext(f".//{PAGE_NS}Comments") == reason
-    [page] = [d for d in etree.fromstring(made[OutputFormat.HOCR]).iter(f"{XHTML_NS}div") if d.get("class") == "ocr_page"]
+    hocr = etree.fromstring(made[OutputFormat.HOCR])
+    [page] = [d for d in hocr.iter(f"{XHTML_NS}div") if d.get("class") == "ocr_page"]
     assert page.get("title").endswith('; x_note "page 2 failed: engine timed out, after 120 s"')
 
 
@@ -328,8 +329,8 @@ def test_a_real_two_column_page_reads_column_by_column(real_results: dict[str, P
 
 @pytest.mark.corpus
 @pytest.mark.slow
-@pytest.mark.parametrize("pick", [lambda root: sroie_pages(root, limit=1)[0], lambda root: funsd_pages(root, limit=1)[0]],
-                         ids=["sroie-receipt", "funsd-form"])
+@pytest.mark.parametrize("pick", [lambda root: sroie_pages(root, limit=1)[0],
+                                  lambda root: funsd_pages(root, limit=1)[0]], ids=["sroie-receipt", "funsd-form"])
 def test_real_scans_of_the_corpus_give_valid_formats(pick: Callable[[Path], Any], alto_schema: Any,
                                                      page_schema: Any, tmp_path: Path) -> None:
     root = corpus_root()

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
+from paperlane.layout import estimate_words, order_lines
 from paperlane.schemas import BlockKind, Line, Point
 from paperlane.settings import LayoutSettings
-from paperlane.layout import estimate_words, order_lines
 
 LINE_H, GAP = 20.0, 10.0  # a line's box height and the blank between two lines of a paragraph
 

@@ -57,7 +57,6 @@ import logging
 import math
 import re
 import struct
-import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass

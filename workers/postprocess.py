@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 
+from paperlane.layout import estimate_words, is_rtl, order_lines
 from paperlane.models.engine import EngineOutput, PreparedImage
 from paperlane.schemas import Block, EngineInfo, JobStatus, Line, PageResult, Point, Task, TaskSpec
 from paperlane.settings import LayoutSettings
-from paperlane.layout import estimate_words, is_rtl, order_lines
 
 
 def to_original(lines: list[Line], image: PreparedImage, size: tuple[int, int] | None = None) -> list[Line]:

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 
 from lxml import etree
 
-from paperlane.schemas import BlockKind, PageResult
 from paperlane.formats.view import (
     BlockView,
     LineView,
@@ -28,6 +27,7 @@ from paperlane.formats.view import (
     producer,
     word_confidence,
 )
+from paperlane.schemas import BlockKind, PageResult
 
 NS = "http://www.loc.gov/standards/alto/ns-v4#"
 XLINK = "http://www.w3.org/1999/xlink"

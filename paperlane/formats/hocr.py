@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 
 from lxml import etree
 
-from paperlane.schemas import BlockKind, PageResult
 from paperlane.formats.view import BlockView, LineView, PageView, page_view, pixel_box, producer, word_confidence
+from paperlane.schemas import BlockKind, PageResult
 
 NS = "http://www.w3.org/1999/xhtml"
 _DOCTYPE = ('<!DOCTYPE html PUBLIC "-//W3C//DTD XHTML 1.0 Transitional//EN" '

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from lxml import etree
 
-from paperlane.schemas import JobStatus, PageResult
 from paperlane.formats.view import page_problem, producer
+from paperlane.schemas import JobStatus, PageResult
 
 NS = "http://www.loc.gov/METS/"
 XLINK = "http://www.w3.org/1999/xlink"
@@ -36,7 +36,8 @@ class PageFiles:
 
 # (fileGrp USE, ID prefix, the PageFiles field, MIMETYPE)
 _GROUPS = (("IMAGE", "IMG", "image", None), ("FULLTEXT", "ALTO", "alto", "application/alto+xml"),
-           ("PAGEXML", "PAGE", "page", "application/vnd.prima.page+xml"), ("HOCR", "HOCR", "hocr", "text/vnd.hocr+html"))
+           ("PAGEXML", "PAGE", "page", "application/vnd.prima.page+xml"),
+           ("HOCR", "HOCR", "hocr", "text/vnd.hocr+html"))
 
 
 def document_mets(pages: Sequence[PageResult], *, document_id: str, name: str,

@@ -16,8 +16,8 @@ from datetime import UTC, datetime
 
 from lxml import etree
 
-from paperlane.schemas import BlockKind, PageResult
 from paperlane.formats.view import BlockView, LineView, PageView, page_view, points, producer, word_confidence
+from paperlane.schemas import BlockKind, PageResult
 
 NS = "http://schema.primaresearch.org/PAGE/gts/pagecontent/2019-07-15"
 XSI = "http://www.w3.org/2001/XMLSchema-instance"

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import re
 import statistics
-import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from paperlane.layout import box_quad, estimate_words, is_rtl, order_lines, quad_box
 from paperlane.models.profiles import markdown_to_text
 from paperlane.schemas import BlockKind, JobStatus, PageResult, Point, Task, Word
-from paperlane.layout import box_quad, estimate_words, is_rtl, order_lines, quad_box
 
 _UNTEXTED_TASKS = (Task.FIELDS, Task.TRANSLATE)
 _NOTE_CHARS = 300  # a failure's reason is cut to this
@@ -97,8 +96,11 @@ def page_problem(result: PageResult) -> str:
 def clean_text(text: str) -> str:
     """One line of text: whitespace runs become one space; control characters, lone surrogates and
     what XML cannot hold go."""
-    return " ".join("".join(ch for ch in text if ch.isspace() or (
-        unicodedata.category(ch) not in ("Cc", "Cs") and ch not in "\ufffe\uffff")).split())
+    return " ".join(_UNFIT.sub("", text).split())
+
+
+# Control characters that are not whitespace, lone surrogates, and the two non-characters XML refuses.
+_UNFIT = re.compile("[\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f\ud800-\udfff\ufffe\uffff]")
 
 
 def _quality(result: PageResult) -> dict[str, Any]:
@@ -128,7 +130,8 @@ def _measured(result: PageResult, rtl: bool) -> list[BlockView]:
     for ln in lines:
         quad = list(ln.quad or [])
         words = ln.words if ln.words else estimate_words(ln.text, quad, confidence=ln.confidence, rtl=rtl)
-        words = [w.model_copy(update={"text": text}) for w in words if (text := clean_text(w.text))]
+        words = [w if text == w.text else w.model_copy(update={"text": text})
+                 for w in words if (text := clean_text(w.text))]
         if words:
             views[ln.block or 0].lines.append(LineView(" ".join(w.text for w in words), quad, ln.confidence,
                                                        list(words), estimated=False))
@@ -222,9 +225,9 @@ def word_confidence(line: LineView, word: Word) -> float | None:
 
 def pixel_box(quad: Sequence[Point]) -> tuple[int, int, int, int]:
     """The whole-pixel box around ``quad``: left, top, width, height (never negative)."""
-    x0, y0, x1, y1 = quad_box(quad)
-    left, top = max(0, int(x0)), max(0, int(y0))
-    return left, top, max(0, round(x1) - left), max(0, round(y1) - top)
+    xs, ys = [p[0] for p in quad], [p[1] for p in quad]
+    left, top = max(0, int(min(xs))), max(0, int(min(ys)))
+    return left, top, max(0, round(max(xs)) - left), max(0, round(max(ys)) - top)
 
 
 def points(quad: Sequence[Point]) -> str:
