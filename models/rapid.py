@@ -5,6 +5,12 @@ download. The angle classifier stays OFF: on clean horizontal text it flips line
 them as garbage (CER 0.30-0.53 with it on, 0.00 off, on a synthetic A4 page). It reads lines
 only, so every task is answered from the spotted lines: ``text`` and ``parse`` get the lines in
 reading order.
+
+Word boxes: RapidOCR places each word of a line (each character of Chinese text) from the
+recogniser's character positions (``return_word_box``); they become each line's ``words``, one per
+run of text between spaces. A line whose boxes do not spell its text gets none here (the pipeline
+lays its words out along the line instead). RapidOCR's per-word scores are not used: it pairs the
+n-th word with the n-th character's score, so the words carry no confidence of their own.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import numpy as np
 
 from paperlane.errors import EngineError, InputError, UsageError
 from paperlane.models.engine import Capacity, EngineOutput, EngineRequest, InputSpec, Outcome
-from paperlane.schemas import EngineInfo, Line, Task
+from paperlane.schemas import EngineInfo, Line, Point, Task, Word
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +57,8 @@ class RapidEngine:
         from rapidocr import RapidOCR
 
         t0 = time.perf_counter()
-        self._ocr = RapidOCR(params={"Global.use_cls": False, "Global.log_level": "warning"})
+        self._ocr = RapidOCR(params={"Global.use_cls": False, "Global.log_level": "warning",
+                                     "Global.return_word_box": True})
         # The first call at a new size is slow; pay for it now, not on the first page.
         warm = np.full((64, 320, 3), 255, np.uint8)
         cv2.putText(warm, "paperlane 0123", (10, 44), cv2.FONT_HERSHEY_SIMPLEX, 1.0, (0, 0, 0), 2)
@@ -73,7 +80,7 @@ class RapidEngine:
         t0 = time.perf_counter()
         pixels, scale = _fit_detector(pixels)
         try:
-            out = self._ocr(pixels)
+            out = self._read(pixels)
         except Exception as exc:  # onnxruntime raises plain RuntimeErrors
             log.exception("rapidocr failed")
             return EngineError(f"rapidocr failed: {type(exc).__name__}", stage="inference")
@@ -81,6 +88,13 @@ class RapidEngine:
         text = "\n".join(ln.text for ln in lines)
         return EngineOutput(text=text, lines=lines, markdown=text if req.spec.task is Task.PARSE else None,
                             seconds=time.perf_counter() - t0)
+
+    def _read(self, pixels: np.ndarray) -> Any:
+        try:
+            return self._ocr(pixels)
+        except IndexError:  # rapidocr 3.x indexes past its word list when a line got no word boxes
+            log.warning("rapidocr's word boxes failed on a page: read again without them")
+            return self._ocr(pixels, return_word_box=False)
 
     def close(self) -> None:
         self._ocr = None
@@ -112,8 +126,54 @@ def _lines(out: object, scale: float) -> list[Line]:
     scores = getattr(out, "scores", None) or ()
     if boxes is None:
         return []
+    words = _word_items(out, txts)
     return [
-        Line(text=t, confidence=round(float(s), 4), quad=[(float(x) / scale, float(y) / scale) for x, y in box])
-        for box, t, s in zip(boxes, txts, scores)
+        Line(text=t, confidence=round(float(s), 4), quad=[(float(x) / scale, float(y) / scale) for x, y in box],
+             words=_words(t, words.get(k, ()), scale))
+        for k, (box, t, s) in enumerate(zip(boxes, txts, scores))
         if t.strip()
     ]
+
+
+def _word_items(out: object, txts: Sequence[str]) -> dict[int, Sequence[Any]]:
+    """Each line's (text, score, box) word items by line index. RapidOCR leaves out lines that got no
+    word boxes, so its list is matched to the lines by what the items spell, in order."""
+    items = list(getattr(out, "word_results", None) or ())
+    found: dict[int, Sequence[Any]] = {}
+    k = 0
+    for line_no, text in enumerate(txts):
+        if k < len(items) and _spelled(items[k]) == "".join(text.split()):
+            found[line_no] = items[k]
+            k += 1
+    return found
+
+
+def _spelled(items: Sequence[Any]) -> str:
+    try:
+        return "".join("".join(str(item[0]).split()) for item in items)
+    except (TypeError, IndexError):
+        return "\0"  # not word items: matches no line
+
+
+def _words(text: str, items: Sequence[Any], scale: float) -> list[Word] | None:
+    """The line's words (runs between spaces), each boxed from the first to the last of RapidOCR's word
+    or character boxes it covers; None when those do not spell the line."""
+    pieces: list[tuple[int, list[Point]]] = []
+    for item in items:
+        try:
+            (x0, y0), (x1, y1), (x2, y2), (x3, y3) = ((float(x) / scale, float(y) / scale) for x, y in item[2])
+        except (TypeError, ValueError, IndexError):
+            return None
+        pieces.append((len("".join(str(item[0]).split())), [(x0, y0), (x1, y1), (x2, y2), (x3, y3)]))
+    words, k = [], 0
+    for token in text.split():
+        first, need = k, len(token)
+        while need > 0 and k < len(pieces):
+            need -= pieces[k][0]
+            k += 1
+        if need != 0 or first == k:
+            return None
+        left, right = pieces[first][1], pieces[k - 1][1]
+        quad = [left[0], right[1], right[2], left[3]]
+        words.append(Word(text=token, quad=[(round(x, 1), round(y, 1)) for x, y in quad]))
+    return words if k == len(pieces) else None

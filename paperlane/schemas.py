@@ -36,6 +36,18 @@ class Stage(str, Enum):
 STAGES: tuple[Stage, ...] = tuple(Stage)
 
 
+class OutputFormat(str, Enum):
+    """What a page or document can be written as (``paperlane.workers.formats`` builds each)."""
+
+    JSON = "json"  # the result itself
+    MD = "md"  # the text or markdown in reading order
+    PDF = "pdf"  # the page images with an invisible text layer
+    ALTO = "alto"  # ALTO 4.4 XML: the library standard
+    PAGE = "page"  # PAGE XML 2019-07-15: OCR research and transcription tools
+    HOCR = "hocr"  # hOCR 1.2 (XHTML): Tesseract's and OCRmyPDF's format
+    METS = "mets"  # METS: a document's page images, ALTO and PAGE files in page order
+
+
 class TaskSpec(BaseModel):
     """What to do with a page: the task and its options."""
 
@@ -64,15 +76,54 @@ class TaskSpec(BaseModel):
 Point = tuple[float, float]
 
 
+class Word(BaseModel):
+    """One word of a line (a run of text between spaces): its text, confidence and four corners.
+
+    ``quad`` is clockwise from the top-left corner, in pixels of the ORIGINAL page image.
+    ``estimated``: the engine gave the line's box only, and this one was laid out along it by
+    character widths (``paperlane.workers.layout.estimate_words``).
+    """
+
+    text: str
+    quad: list[Point]
+    confidence: float | None = None
+    estimated: bool = False
+
+
 class Line(BaseModel):
     """One recognised line: its text, the engine's confidence, its four corners.
 
     ``quad`` is clockwise from the top-left corner, in pixels of the ORIGINAL page image.
-    Engines that give no confidence (VLMs) leave it ``None``.
+    Engines that give no confidence (VLMs) leave it ``None``. ``words`` are the line's words in
+    order (their texts joined by single spaces give the line's text, whitespace folded); ``None``
+    in results stored before words existed and for lines without a box. ``block`` is the index in
+    ``PageResult.blocks`` of the block the line belongs to.
     """
 
     text: str
     confidence: float | None = None
+    quad: list[Point] | None = None
+    words: list[Word] | None = None
+    block: int | None = None
+
+
+class BlockKind(str, Enum):
+    """What a block of lines is on its page (the PAGE XML region types of the same names)."""
+
+    PARAGRAPH = "paragraph"
+    HEADING = "heading"
+    HEADER = "header"  # a running head in the page's top margin
+    FOOTER = "footer"  # a running foot or page number in the bottom margin
+    TABLE = "table"
+
+
+class Block(BaseModel):
+    """A run of lines read together (a paragraph of a column, a header, a table), in reading order.
+
+    ``quad`` is the box around its lines, clockwise from the top-left corner, in ORIGINAL pixels.
+    """
+
+    kind: BlockKind = BlockKind.PARAGRAPH
     quad: list[Point] | None = None
 
 
@@ -98,6 +149,7 @@ class PageResult(BaseModel):
     task: Task = Task.SPOTTING
     text: str = ""
     lines: list[Line] = Field(default_factory=list)
+    blocks: list[Block] = Field(default_factory=list, description="blocks in reading order; lines point into it")
     markdown: str | None = None
     fields: dict[str, Any] | None = None
     missing_fields: list[str] = Field(default_factory=list)

@@ -11,12 +11,17 @@ Nested sections use ``__``: ``PAPERLANE_DATABASE__URL=postgresql+psycopg2://...`
 
 from __future__ import annotations
 
+import json
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from paperlane.schemas import OutputFormat
+
+DEFAULT_OUTPUT_FORMATS = (OutputFormat.JSON, OutputFormat.MD, OutputFormat.PDF)
 
 
 class RedisSettings(BaseModel):
@@ -131,6 +136,33 @@ class WorkerSettings(BaseModel):
     sweep_interval: float = Field(60.0, gt=0, description="seconds between a worker's looks for queued pages whose "
                                   "message never went out or was lost by Redis (it reads Redis whole then, while "
                                   "it holds at most 5,000 messages), and for document outputs nobody is writing")
+    output_formats: Annotated[tuple[OutputFormat, ...], NoDecode] = Field(
+        DEFAULT_OUTPUT_FORMATS, min_length=1, description="what a finished document is written as: any of json, md, "
+        "pdf, alto, page, hocr, mets (a JSON list or comma-separated); formats not listed cost nothing")
+
+    @field_validator("output_formats", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.lstrip().startswith("["):
+            return json.loads(value)
+        if isinstance(value, str):
+            return tuple(part.strip().lower() for part in value.split(",") if part.strip())
+        return value
+
+
+class LayoutSettings(BaseModel):
+    """How lines are grouped into blocks and put in reading order (``paperlane.workers.layout``).
+
+    Distances are in median line heights of the page, so they hold at any resolution.
+    """
+
+    min_gutter: float = Field(0.8, gt=0, description="the narrowest blank strip between two columns")
+    min_column_width: float = Field(8.0, ge=0, description="the narrowest column of running text; narrower strips "
+                                    "(a receipt's prices, a form's labels) stay in row order with their neighbours")
+    min_column_lines: int = Field(2, ge=1, description="the fewest lines a column of running text has")
+    paragraph_gap: float = Field(0.9, gt=0, description="a blank gap at least this tall starts a new block")
+    margin_band: float = Field(0.08, ge=0, le=0.5, description="share of the page height at the top (bottom) where "
+                               "a short block of small lines above (below) everything else is a header (footer)")
 
 
 class IngestSettings(BaseModel):
@@ -194,6 +226,7 @@ class Settings(BaseSettings):
     ingest: IngestSettings = Field(default_factory=IngestSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    layout: LayoutSettings = Field(default_factory=LayoutSettings)
 
     @property
     def database_url(self) -> str:

@@ -84,3 +84,52 @@ def prepare(data: bytes, spec: InputSpec, limits: Limits | None = None) -> Prepa
     from paperlane.workers.preprocess import Limits, prepare_page  # OpenCV: only for the tests that prepare pages
 
     return prepare_page(data, spec, limits or Limits()).image
+
+
+def render_columns(columns: int, *, seed: int = 0, width: int = 1700, font: ImageFont.FreeTypeFont | None = None,
+                   words: list[str] | None = None, joiner: str = " ", rows: int = 14) -> tuple[bytes, str]:
+    """A page of ``columns`` columns of running text under a full-width title, with a full-width footnote
+    below them (PNG), and its text in reading order (title, each column top to bottom, footnote). The
+    columns' lines sit on one baseline grid, so reading in rows across the page mixes the columns; each
+    column has a paragraph break. ``words`` and ``joiner``: the vocabulary and what joins it (Chinese: "")."""
+    rnd = random.Random(seed)
+    vocab = words or WORDS
+    if font is None:
+        default = ImageFont.load_default(size=30)
+        assert isinstance(default, ImageFont.FreeTypeFont)  # Pillow's own scalable font
+        font = default
+    small = font.font_variant(size=int(font.size * 0.8))
+    big = font.font_variant(size=int(font.size * 1.5))
+    margin, gutter, lead = 80, 70, int(font.size * 1.6)
+    col_w = (width - 2 * margin - (columns - 1) * gutter) // columns
+    height = 260 + (rows + 1) * lead + 200
+    img = Image.new("L", (width, height), 255)
+    draw = ImageDraw.Draw(img)
+    title = joiner.join(rnd.choice(vocab) for _ in range(5)).capitalize()
+    draw.text((margin, 80), title, fill=0, font=big)
+    truth = [title]
+    for c in range(columns):
+        x = margin + c * (col_w + gutter)
+        for r in range(rows):
+            if r == rows // 2:
+                continue  # the paragraph break
+            line = _fill(rnd, vocab, joiner, col_w, font, draw, last=r in (rows // 2 - 1, rows - 1))
+            draw.text((x, 220 + r * lead), line, fill=0, font=font)
+            truth.append(line)
+    note = joiner.join(rnd.choice(vocab) for _ in range(9))
+    draw.text((margin, 240 + rows * lead + 40), note, fill=0, font=small)
+    truth.append(note)
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue(), "\n".join(truth)
+
+
+def _fill(rnd: random.Random, vocab: list[str], joiner: str, width: int, font: ImageFont.FreeTypeFont,
+          draw: ImageDraw.ImageDraw, *, last: bool) -> str:
+    """Words up to the column's width (60% of it on a paragraph's last line)."""
+    limit, line = width * (0.6 if last else 1.0), rnd.choice(vocab)
+    while True:
+        longer = line + joiner + rnd.choice(vocab)
+        if draw.textlength(longer, font=font) > limit:
+            return line
+        line = longer

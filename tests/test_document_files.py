@@ -307,6 +307,8 @@ def test_the_same_inputs_give_the_same_pdf_bytes() -> None:
     jpeg = _encoded(_image((400, 300)), "JPEG")
     for data, ext in [(original, ".pdf"), (jpeg, ".jpg"), (None, ".jpg")]:
         assert searchable_pdf(pages, original=data, ext=ext) == searchable_pdf(pages, original=data, ext=ext)
+    # Not the clock either: a document PDFium makes carries no time of its making (the same bytes a second later).
+    assert b"/CreationDate(D:19700101000000" in searchable_pdf(pages, original=jpeg, ext=".jpg")
 
 
 # -- markdown and JSON ---------------------------------------------------------------------------------

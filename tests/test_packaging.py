@@ -15,8 +15,8 @@ REPO = Path(__file__).resolve().parents[1]
 # settings, schemas and errors at the bottom, the CLI on top.
 LAYERS: list[set[str]] = [
     {"paperlane.errors", "paperlane.schemas", "paperlane.settings", "paperlane.report", "paperlane.pdfium",
-     "paperlane.metrics", "paperlane.status", "paperlane.filetypes", "paperlane.retry"},
-    {"paperlane.storage", "paperlane.models"},
+     "paperlane.metrics", "paperlane.status", "paperlane.filetypes", "paperlane.retry", "paperlane.layout"},
+    {"paperlane.storage", "paperlane.models", "paperlane.formats"},
     {"paperlane.priority"},
     {"paperlane.producer"},
     {"paperlane.workers"},
@@ -53,8 +53,10 @@ def _imports(path: Path) -> list[str]:
     names = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module == "paperlane":  # ``from paperlane import formats``: the module paperlane.formats
-                names.extend(f"paperlane.{alias.name}" for alias in node.names)
+            if node.module == "paperlane":  # ``from paperlane import filetypes``: the module paperlane.filetypes
+                names.extend(f"paperlane.{alias.name}" for alias in node.names
+                             if (REPO / "paperlane" / f"{alias.name}.py").exists()
+                             or (REPO / "paperlane" / alias.name).is_dir())
             else:
                 names.append(node.module)
         elif isinstance(node, ast.Import):

@@ -16,8 +16,10 @@ corner as a viewer shows it (visible ink, and text a search finds). A page witho
 (queued, running) is marked the same way, as ``page N has no result (queued)``.
 
 The searchable PDF is what OCRmyPDF makes: the page images, and over each recognised line its text
-in render mode 3 (invisible), sized to the line's height and horizontally scaled to span the line's
-quad, along the quad's top edge (a slanted line gets a rotated text matrix).
+in render mode 3 (invisible), word by word: each word sized to its line's height and horizontally
+scaled to span the word's quad (the engine's word box, else one laid out along the line by character
+widths), along the quad's top edge (a slanted line gets a rotated text matrix), followed by a space
+so that text extraction keeps the words apart; selecting a word in a viewer selects that word.
 
 - Pages: a PDF original keeps its pages and all else in it, and gets the text added. An image
   original gives one page per image (a TIFF: page N is frame N), sized by the image's dpi (300 when
@@ -37,7 +39,7 @@ quad, along the quad's top edge (a slanted line gets a rotated text matrix).
   distinct characters and whose ToUnicode map gives them back. It carries any Unicode text (CJK,
   accents, astral characters) with no font file on the machine and nothing downloaded; copy and
   search go through ToUnicode, which every current reader uses. Its limits: every character is as
-  wide as every other, so inside a line the characters are spread evenly rather than over their own
+  wide as every other, so inside a word the characters are spread evenly rather than over their own
   glyphs (a word's highlight may sit a little off); right-to-left lines are written in logical
   order, as the text is; vertical CJK lines are laid out horizontally along their quad.
 - The failure mark uses the standard Helvetica: characters outside Windows-1252 become "?".
@@ -55,10 +57,10 @@ import logging
 import math
 import re
 import struct
-import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from functools import cache
 
 import numpy as np
@@ -68,7 +70,10 @@ from PIL import Image, ImageSequence
 
 from paperlane import filetypes
 from paperlane.errors import PaperlaneError
-from paperlane.schemas import JobStatus, PageResult, Point, Task
+from paperlane.formats import document_bytes, page_bytes
+from paperlane.formats.view import clean_text, page_problem
+from paperlane.layout import estimate_words, is_rtl
+from paperlane.schemas import JobStatus, OutputFormat, PageResult, Point, Task
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +85,6 @@ _DESCENT, _ASCENT = 0.2, 0.8  # the glyph box spans 1 em: font size = line heigh
 _ADVANCE = 0.5  # every glyph is half an em wide before the horizontal scaling
 _UNLAYERED_TASKS = (Task.FIELDS, Task.TRANSLATE)
 _MARK_RGB = (200, 0, 0)
-_NOTE_CHARS = 300  # a failure's reason is cut to this
 
 
 def document_json(*, document_id: str, source: str, name: str, pages: Sequence[PageResult]) -> bytes:
@@ -137,7 +141,7 @@ def _in_order(pages: Sequence[PageResult]) -> list[PageResult]:
 def _page_markdown(result: PageResult) -> str:
     parts = [f"<!-- page {result.page} -->"]
     if result.status is not JobStatus.SUCCEEDED:
-        return "\n\n".join([*parts, f"> {_problem(result)}"])
+        return "\n\n".join([*parts, f"> {page_problem(result)}"])
     if result.task is Task.FIELDS:
         parts.append(_fenced(json.dumps(result.fields or {}, ensure_ascii=False, indent=2), "json"))
     else:
@@ -147,14 +151,6 @@ def _page_markdown(result: PageResult) -> str:
     if result.truncated:
         parts.append(f"> page {result.page}: the engine stopped at its token limit; this page is incomplete")
     return "\n\n".join(part for part in parts if part)
-
-
-def _problem(result: PageResult) -> str:
-    """Why a page has no text, in one line: ``page 3 failed: reason`` or ``page 3 has no result (queued)``."""
-    if result.status is JobStatus.FAILED:
-        reason = _clean(result.error or "") or "no reason given"
-        return f"page {result.page} failed: {reason[:_NOTE_CHARS]}"
-    return f"page {result.page} has no result ({result.status.value})"
 
 
 def _fenced(body: str, lang: str) -> str:
@@ -364,30 +360,31 @@ class _Placement:
 class _Layer:
     """What goes on one page: lines at quads (result pixels), lines without, or a problem to mark."""
 
-    placed: list[tuple[str, list[Point]]]
+    placed: list[tuple[str, list[Point]]]  # a word and its quad; all but a line's last end in a space
     unplaced: list[str]
     problem: str | None = None
 
     @classmethod
     def of(cls, result: PageResult) -> _Layer:
         if result.status is not JobStatus.SUCCEEDED:
-            return cls([], [], _problem(result))
+            return cls([], [], page_problem(result))
         if result.task in _UNLAYERED_TASKS:
             return cls([], [])
         size = (result.width or 0, result.height or 0)
-        placed = [(text, list(ln.quad or [])) for ln in result.lines
-                  if (text := _clean(ln.text)) and _usable(ln.quad, size)]
+        rtl = is_rtl(ln.text for ln in result.lines)
+        placed: list[tuple[str, list[Point]]] = []
+        for ln in result.lines:
+            if not clean_text(ln.text) or not _usable(ln.quad, size):
+                continue
+            words = ln.words or estimate_words(ln.text, ln.quad or [], rtl=rtl)
+            kept = [(text, list(w.quad)) for w in words if (text := clean_text(w.text)) and _usable(w.quad, size)]
+            placed += [(text + (" " if k < len(kept) - 1 else ""), quad) for k, (text, quad) in enumerate(kept)]
         if placed:
             return cls(placed, [])
-        return cls([], [text for row in result.text.splitlines() if (text := _clean(row))])
+        return cls([], [text for row in result.text.splitlines() if (text := clean_text(row))])
 
     def chars(self) -> set[str]:
         return {ch for text in [*(t for t, _ in self.placed), *self.unplaced] for ch in text}
-
-
-def _clean(text: str) -> str:
-    """One line of text: whitespace runs become one space; control characters and lone surrogates go."""
-    return " ".join("".join(ch for ch in text if ch.isspace() or unicodedata.category(ch) not in ("Cc", "Cs")).split())
 
 
 def _usable(quad: list[Point] | None, size: tuple[int, int]) -> bool:
@@ -415,10 +412,20 @@ def _with_layers(pdf: pdfium.PdfDocument, ordered: list[PageResult]) -> bytes:
             pdfium_c.FPDFFont_Close(font.handle)
     out = io.BytesIO()
     pdf.save(out)
-    return _stable_id(out.getvalue())
+    return _stable_id(_stable_date(out.getvalue()))
 
 
 _FILE_ID = re.compile(rb"/ID\s*\[\s*<([0-9A-Fa-f]*)>\s*<([0-9A-Fa-f]{32})>\s*\]")
+# The creation time PDFium writes into a document it makes (an image original's): as long as what replaces it.
+_PDFIUM_DATE = re.compile(rb"/CreationDate\(D:\d{14}([+-]\d\d'\d\d'|Z)?\)(/Creator\(PDFium\))")
+
+
+def _stable_date(data: bytes) -> bytes:
+    """The PDF with the creation time PDFium gave a document it made set to the epoch (of the same length, so the
+    cross-reference offsets stay right): the same inputs give the same bytes at any time."""
+    def epoch(match: re.Match[bytes]) -> bytes:
+        return b"/CreationDate(D:19700101000000" + (match.group(1) or b"") + b")" + match.group(2)
+    return _PDFIUM_DATE.sub(epoch, data, count=1)
 
 
 def _stable_id(data: bytes) -> bytes:
@@ -475,6 +482,7 @@ def _invisible_line(pdf: pdfium.PdfDocument, page: pdfium.PdfPage, font: _Font, 
     codes = font.codes(text)
     if placement is None or not codes:
         return
+    spanning = len(font.codes(text.rstrip(" "))) or len(codes)  # a word's trailing space runs past its quad
     obj = pdfium_c.FPDFPageObj_CreateTextObj(pdf.raw, font.handle, placement.height)
     if not obj:
         raise pdfium.PdfiumError("cannot create a text object")
@@ -482,7 +490,7 @@ def _invisible_line(pdf: pdfium.PdfDocument, page: pdfium.PdfPage, font: _Font, 
     if not pdfium_c.FPDFText_SetCharcodes(obj, (ctypes.c_uint * len(codes))(*codes), len(codes)):
         raise pdfium.PdfiumError("cannot set a text object's characters")
     pdfium_c.FPDFTextObj_SetTextRenderMode(obj, pdfium_c.FPDF_TEXTRENDERMODE_INVISIBLE)
-    placement.put(obj, hscale=placement.width / (len(codes) * _ADVANCE * placement.height))
+    placement.put(obj, hscale=placement.width / (spanning * _ADVANCE * placement.height))
 
 
 def _mark(pdf: pdfium.PdfDocument, page: pdfium.PdfPage, message: str) -> None:
@@ -621,3 +629,32 @@ def _sfnt(tables: dict[bytes, bytes]) -> bytes:
 def _checksum(data: bytes) -> int:
     data += bytes(-len(data) % 4)
     return sum(int(word) for word in struct.unpack(f">{len(data) // 4}I", data)) & 0xFFFFFFFF
+
+
+# -- every output format, by name ------------------------------------------------------------------------------
+# What ``paperlane run --formats``, the worker's ``output_formats`` and the API's ``?format=`` dispatch over: the
+# archive formats come from ``paperlane.formats``, JSON, markdown and the searchable PDF from this module. Both
+# raise UsageError for a format that has no such form (``FORMATS[fmt].page`` / ``.document`` say which do).
+
+def page_output(fmt: OutputFormat, result: PageResult, *, name: str, page_count: int = 1,
+                original: bytes | None = None, ext: str = "", created: datetime | None = None) -> bytes:
+    """One page in ``fmt``; ``original`` (the document's file, for the PDF) and ``ext`` name its image."""
+    if fmt is OutputFormat.JSON:
+        return json.dumps(result.model_dump(mode="json"), ensure_ascii=False, separators=(",", ":")).encode()
+    if fmt is OutputFormat.MD:
+        return document_markdown([result]).encode()
+    if fmt is OutputFormat.PDF:
+        return searchable_pdf([result], original=original, ext=ext)
+    return page_bytes(fmt, result, name=name, page_count=page_count, ext=ext, created=created)
+
+
+def document_output(fmt: OutputFormat, pages: Sequence[PageResult], *, document_id: str, source: str, name: str,
+                    original: bytes | None = None, ext: str = "") -> bytes:
+    """A whole document in ``fmt`` (its pages in page order, failed ones marked)."""
+    if fmt is OutputFormat.JSON:
+        return document_json(document_id=document_id, source=source, name=name, pages=pages)
+    if fmt is OutputFormat.MD:
+        return document_markdown(pages).encode()
+    if fmt is OutputFormat.PDF:
+        return searchable_pdf(pages, original=original, ext=ext)
+    return document_bytes(fmt, pages, document_id=document_id, name=name, ext=ext)

@@ -199,7 +199,8 @@ def _finish(rt: Runtime, job: JobRow, spec: TaskSpec, page: PreparedPage, output
             timings: dict[str, float]) -> PageOutcome:
     t0 = time.perf_counter()
     result = build_result(job_id=job.id, source=job.source, page=job.page, spec=spec, output=output,
-                          image=page.image, size=(page.width, page.height), engine=rt.engine.info)
+                          image=page.image, size=(page.width, page.height), engine=rt.engine.info,
+                          layout=rt.settings.layout)
     t1 = time.perf_counter()
     timings[Stage.POSTPROCESS.value] = t1 - t0
     fmt = rt.settings.worker.annotated_format

@@ -4,62 +4,73 @@ from __future__ import annotations
 
 import math
 
+from paperlane.layout import estimate_words, is_rtl, order_lines
 from paperlane.models.engine import EngineOutput, PreparedImage
-from paperlane.schemas import EngineInfo, JobStatus, Line, PageResult, TaskSpec
+from paperlane.schemas import Block, EngineInfo, JobStatus, Line, PageResult, Point, Task, TaskSpec
+from paperlane.settings import LayoutSettings
 
 
 def to_original(lines: list[Line], image: PreparedImage, size: tuple[int, int] | None = None) -> list[Line]:
-    """The same lines with their quads in original-page pixels, inside a page of ``size`` when given.
+    """The same lines (and their words) with their quads in original-page pixels, inside a page of
+    ``size`` when given.
 
     A prepared image may reach past the page (its sides padded to a multiple): an engine's box that
     strays into that margin is clipped to the page.
     """
     sx, sy = image.original_width / image.width, image.original_height / image.height
     w, h = size or (math.inf, math.inf)
-    return [ln.model_copy(update={"quad": [(round(min(max(x * sx, 0.0), w), 1), round(min(max(y * sy, 0.0), h), 1))
-                                           for x, y in ln.quad]}) if ln.quad else ln
-            for ln in lines]
+
+    def mapped(quad: list[Point]) -> list[Point]:
+        return [(round(min(max(x * sx, 0.0), w), 1), round(min(max(y * sy, 0.0), h), 1)) for x, y in quad]
+
+    out = []
+    for ln in lines:
+        update: dict[str, object] = {"quad": mapped(ln.quad)} if ln.quad else {}
+        if ln.words:
+            update["words"] = [wd.model_copy(update={"quad": mapped(wd.quad)}) for wd in ln.words]
+        out.append(ln.model_copy(update=update) if update else ln)
+    return out
 
 
-def reading_order(lines: list[Line]) -> list[Line]:
-    """Sort lines top to bottom, and left to right within a row.
-
-    A line joins the current row when its vertical span overlaps the row's FIRST line by more
-    than half of the smaller height. Comparing with the first line only (not the row's growing
-    span) keeps a tall box, such as a handwritten note in the margin, from swallowing several
-    printed rows.
-    """
-    if any(not ln.quad for ln in lines):  # lines without boxes keep the engine's order
-        return lines
-
-    def span(ln: Line) -> tuple[float, float]:
-        ys = [p[1] for p in ln.quad or ()]
-        return min(ys), max(ys)
-
-    rows: list[list[Line]] = []
-    for ln in sorted(lines, key=lambda ln: span(ln)[0]):
-        top, bottom = span(ln)
-        if rows:
-            rt, rb = span(rows[-1][0])
-            if min(bottom, rb) - max(top, rt) > 0.5 * min(bottom - top, rb - rt):
-                rows[-1].append(ln)
-                continue
-        rows.append([ln])
-    return [ln for row in rows for ln in sorted(row, key=lambda ln: min(p[0] for p in ln.quad or ()))]
+def with_words(lines: list[Line]) -> list[Line]:
+    """Lines with a quad and no words from the engine get theirs laid out along the quad (``estimated``)."""
+    rtl = is_rtl(ln.text for ln in lines)
+    return [ln.model_copy(update={"words": estimate_words(ln.text, ln.quad, confidence=ln.confidence, rtl=rtl)})
+            if ln.quad and ln.words is None else ln for ln in lines]
 
 
 def build_result(*, job_id: str, source: str, page: int, spec: TaskSpec, output: EngineOutput,
-                 image: PreparedImage, size: tuple[int, int], engine: EngineInfo) -> PageResult:
-    """The succeeded page result for a page of ``size`` (width, height) original pixels; ``text``
-    follows the reading order when the engine gave lines."""
-    lines = reading_order(to_original(output.lines, image, size))
-    text = "\n".join(ln.text for ln in lines) if lines and _text_is_lines(output) else output.text
+                 image: PreparedImage, size: tuple[int, int], engine: EngineInfo,
+                 layout: LayoutSettings | None = None) -> PageResult:
+    """The succeeded page result for a page of ``size`` (width, height) original pixels.
+
+    Lines with boxes are grouped into blocks and put in reading order (``paperlane.layout``),
+    each with its words; ``text`` (and, for ``parse``, the markdown, a paragraph a block) follows that
+    order when the engine's text was its lines.
+    """
+    lines, blocks = order_lines(with_words(to_original(output.lines, image, size)), page_height=size[1],
+                                settings=layout)
+    from_lines = bool(lines) and _text_is_lines(output)
+    text = "\n".join(ln.text for ln in lines) if from_lines else output.text
+    markdown = output.markdown
+    if from_lines and spec.task is Task.PARSE and markdown == output.text:
+        markdown = _paragraphs(lines, blocks)
     return PageResult(
         job_id=job_id, source=source, page=page, status=JobStatus.SUCCEEDED, task=spec.task,
-        text=text, lines=lines, markdown=output.markdown, fields=output.fields,
+        text=text, lines=lines, blocks=blocks, markdown=markdown, fields=output.fields,
         missing_fields=output.missing_fields, truncated=output.truncated,
         width=size[0], height=size[1], engine=engine, usage=output.usage,
     )
+
+
+def _paragraphs(lines: list[Line], blocks: list[Block]) -> str:
+    """The lines as markdown: a paragraph a block, in reading order."""
+    if not blocks:
+        return "\n".join(ln.text for ln in lines)
+    parts: list[list[str]] = [[] for _ in blocks]
+    for ln in lines:
+        parts[ln.block or 0].append(ln.text)
+    return "\n\n".join("\n".join(part) for part in parts if part)
 
 
 def _text_is_lines(output: EngineOutput) -> bool:

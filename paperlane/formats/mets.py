@@ -1,0 +1,78 @@
+"""METS for a document: its page images, ALTO and PAGE XML (and hOCR, when given) in page order.
+
+A ``fileGrp`` per kind of file (``IMAGE``, ``FULLTEXT`` for ALTO as digital-library viewers look for
+it, ``PAGEXML``, ``HOCR``), a ``file`` per page in each, and a physical ``structMap``: a
+``physSequence`` holding a ``page`` div per page in page order (``ORDER``), pointing at that page's
+files. A page that failed keeps its place and its files (its ALTO and PAGE say why) and its div's
+``LABEL`` says so. ``metsHdr`` names paperlane, its version, the engine and the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from lxml import etree
+
+from paperlane.formats.view import page_problem, producer
+from paperlane.schemas import JobStatus, PageResult
+
+NS = "http://www.loc.gov/METS/"
+XLINK = "http://www.w3.org/1999/xlink"
+XSI = "http://www.w3.org/2001/XMLSchema-instance"
+SCHEMA_LOCATION = f"{NS} http://www.loc.gov/standards/mets/mets.xsd"
+
+
+@dataclass(frozen=True)
+class PageFiles:
+    """Where one page's files are (hrefs, relative to the METS file or absolute URLs; None: not listed)."""
+
+    image: str | None = None
+    image_type: str = "image/jpeg"  # the image's media type
+    alto: str | None = None
+    page: str | None = None  # PAGE XML
+    hocr: str | None = None
+
+
+# (fileGrp USE, ID prefix, the PageFiles field, MIMETYPE)
+_GROUPS = (("IMAGE", "IMG", "image", None), ("FULLTEXT", "ALTO", "alto", "application/alto+xml"),
+           ("PAGEXML", "PAGE", "page", "application/vnd.prima.page+xml"),
+           ("HOCR", "HOCR", "hocr", "text/vnd.hocr+html"))
+
+
+def document_mets(pages: Sequence[PageResult], *, document_id: str, name: str,
+                  files: Mapping[int, PageFiles]) -> bytes:
+    """The document's METS (UTF-8): ``files`` maps each page number to its files' hrefs."""
+    ordered = sorted(pages, key=lambda p: p.page)
+    root = etree.Element(f"{{{NS}}}mets", nsmap={"mets": NS, "xlink": XLINK, "xsi": XSI},
+                         OBJID=document_id, LABEL=name)
+    root.set(f"{{{XSI}}}schemaLocation", SCHEMA_LOCATION)
+    agent = _sub(_sub(root, "metsHdr"), "agent", ROLE="CREATOR", TYPE="OTHER", OTHERTYPE="SOFTWARE")
+    _sub(agent, "name").text = producer([p.engine for p in ordered])
+    file_sec = _sub(root, "fileSec")
+    ids: dict[int, list[str]] = {p.page: [] for p in ordered}
+    for use, prefix, field, mimetype in _GROUPS:
+        listed = [(p.page, href) for p in ordered if (href := getattr(files.get(p.page, PageFiles()), field))]
+        if not listed:
+            continue
+        group = _sub(file_sec, "fileGrp", USE=use)
+        for number, href in listed:
+            file_id = f"{prefix}_{number:05d}"
+            kind = mimetype or files[number].image_type
+            _sub(_sub(group, "file", ID=file_id, MIMETYPE=kind), "FLocat", LOCTYPE="URL",
+                 **{f"{{{XLINK}}}href": href})
+            ids[number].append(file_id)
+    sequence = _sub(_sub(root, "structMap", TYPE="PHYSICAL"), "div", TYPE="physSequence", ID="PHYS_00000")
+    for result in ordered:
+        attrs = {"TYPE": "page", "ID": f"PHYS_{result.page:05d}", "ORDER": str(result.page),
+                 "ORDERLABEL": str(result.page)}
+        if result.status is not JobStatus.SUCCEEDED:
+            attrs["LABEL"] = page_problem(result)
+        div = _sub(sequence, "div", **attrs)
+        for file_id in ids[result.page]:
+            _sub(div, "fptr", FILEID=file_id)
+    return etree.tostring(root, xml_declaration=True, encoding="UTF-8", pretty_print=True)
+
+
+def _sub(parent: etree._Element, tag: str, **attrs: str) -> etree._Element:
+    return etree.SubElement(parent, f"{{{NS}}}{tag}", attrs)

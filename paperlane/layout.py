@@ -1,0 +1,276 @@
+"""Blocks and reading order from line geometry, and word boxes laid out along a line.
+
+    order_lines(lines, *, page_height, settings) -> (lines, blocks)   # lines in reading order, each with its block
+    estimate_words(text, quad, *, confidence=None, rtl=False) -> list[Word]
+    is_rtl(texts) -> bool
+
+Reading order is a recursive XY-cut over the lines' boxes (original pixels), with distances measured in
+the page's median line height:
+
+1. The lines are cut into horizontal bands wherever no line spans the gap, and consecutive bands are
+   merged into *runs* while a blank vertical strip (a *gutter*, at least ``min_gutter`` wide) still
+   runs through all of them. A full-width title, a footnote or a paragraph across the columns breaks a
+   run, so it is read where it stands, before or after the columns, never in the middle of a column;
+   so does a band without a gutter of its own that starts a paragraph gap below the end of every column
+   (a footnote narrower than a column). The price: a column that runs on below its neighbour's end and
+   starts a new paragraph down there is read after its neighbour. Several runs: each is ordered again
+   from step 1, top to bottom.
+2. One run splits at its gutters into columns, read left to right (right to left on a right-to-left
+   page), when every column is *running text*: at least ``min_column_width`` wide and
+   ``min_column_lines`` lines; each column is ordered again from step 1. A narrower strip (a receipt's
+   prices, a form's labels) is no column: those lines stay in row order with their neighbours, as a
+   reader reads a table row.
+3. A single column's lines are read in rows (top to bottom; left to right within a row, or right to
+   left) and cut into blocks where a blank gap is at least ``paragraph_gap`` tall.
+
+A first block of one or two lines no taller than the page's usual lines that lies in the top
+``margin_band`` of the page, above all else, is a header; a last one in the bottom band, a footer.
+Vertical (top-to-bottom) CJK columns are not recognised: each is read as a line.
+
+Words: engines that give only lines get their words laid out along the line's quad in proportion to
+their characters' widths (wide CJK characters count double), marked ``estimated``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import unicodedata
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from paperlane.schemas import Block, BlockKind, Line, Point, Word
+from paperlane.settings import LayoutSettings
+
+Box = tuple[float, float, float, float]  # x0, y0, x1, y1
+
+
+def order_lines(lines: Sequence[Line], *, page_height: float | None = None,
+                settings: LayoutSettings | None = None) -> tuple[list[Line], list[Block]]:
+    """``lines`` in reading order, each with ``block`` set, and the blocks in reading order.
+
+    Lines without a usable quad leave the page as it came (the engine's order, no blocks).
+    """
+    if not lines or not all(_usable(ln.quad) for ln in lines):
+        return list(lines), []
+    boxes = [quad_box(ln.quad or []) for ln in lines]
+    unit = max(1.0, statistics.median(b[3] - b[1] for b in boxes))
+    cutter = _Cutter(boxes, unit, settings or LayoutSettings(), rtl=is_rtl(ln.text for ln in lines))
+    groups = cutter.order(list(range(len(lines))))
+    kinds = _margin_kinds(groups, boxes, unit, page_height, settings or LayoutSettings())
+    ordered: list[Line] = []
+    blocks: list[Block] = []
+    for number, (group, kind) in enumerate(zip(groups, kinds)):
+        blocks.append(Block(kind=kind, quad=box_quad(_union([boxes[i] for i in group]))))
+        ordered += [lines[i].model_copy(update={"block": number}) for i in group]
+    return ordered, blocks
+
+
+def quad_box(quad: Sequence[Point]) -> Box:
+    xs, ys = [p[0] for p in quad], [p[1] for p in quad]
+    return min(xs), min(ys), max(xs), max(ys)
+
+
+def box_quad(box: Box) -> list[Point]:
+    x0, y0, x1, y1 = (round(v, 1) for v in box)
+    return [(x0, y0), (x1, y0), (x1, y1), (x0, y1)]
+
+
+def is_rtl(texts: Iterable[str]) -> bool:
+    """Whether most strongly directional characters of ``texts`` are right-to-left (Hebrew, Arabic)."""
+    rtl = ltr = 0
+    for text in texts:
+        for ch in text:
+            kind = unicodedata.bidirectional(ch)
+            rtl += kind in ("R", "AL")
+            ltr += kind == "L"
+    return rtl > ltr
+
+
+def _usable(quad: Sequence[Point] | None) -> bool:
+    return bool(quad) and len(quad or ()) == 4 and all(v == v and abs(v) < 1e7 for p in quad or () for v in p)
+
+
+def _union(boxes: Sequence[Box]) -> Box:
+    return min(b[0] for b in boxes), min(b[1] for b in boxes), max(b[2] for b in boxes), max(b[3] for b in boxes)
+
+
+@dataclass
+class _Cutter:
+    boxes: list[Box]
+    unit: float  # the median line height: every distance is a multiple of it
+    settings: LayoutSettings
+    rtl: bool
+
+    def order(self, idx: list[int]) -> list[list[int]]:
+        """The blocks of ``idx`` in reading order, each its lines in reading order."""
+        runs = self._runs(idx)
+        if len(runs) > 1:
+            return [block for run in runs for block in self.order(run)]
+        columns = self._columns(idx)
+        if columns is None:
+            return self._paragraphs(idx)
+        return [block for column in columns for block in self.order(column)]
+
+    def _gutters(self, idx: Sequence[int]) -> list[float]:
+        """Where blank vertical strips at least ``min_gutter`` wide run through all of ``idx`` (their middles)."""
+        spans = sorted((self.boxes[i][0], self.boxes[i][2]) for i in idx)
+        gap = self.settings.min_gutter * self.unit
+        cuts, reach = [], spans[0][1]
+        for x0, x1 in spans[1:]:
+            if x0 - reach >= gap:
+                cuts.append((reach + x0) / 2)
+            reach = max(reach, x1)
+        return cuts
+
+    def _columns(self, idx: list[int]) -> list[list[int]] | None:
+        """``idx`` cut at its gutters into columns of running text in reading order, or None."""
+        cuts = self._gutters(idx) if len(idx) > 1 else []
+        for chosen in (cuts, self._widest(idx, cuts)):
+            if not chosen:
+                continue
+            parts: list[list[int]] = [[] for _ in range(len(chosen) + 1)]
+            for i in idx:
+                parts[sum(self.boxes[i][0] > cut for cut in chosen)].append(i)
+            if all(self._is_column(part) for part in parts):
+                return parts[::-1] if self.rtl else parts
+        return None
+
+    def _widest(self, idx: list[int], cuts: list[float]) -> list[float]:
+        """The one gutter with the most room, when there are several (the others may split a table)."""
+        if len(cuts) < 2:
+            return []
+
+        def room(cut: float) -> float:
+            return min(abs(self.boxes[i][0 if self.boxes[i][0] > cut else 2] - cut) for i in idx)
+
+        return [max(cuts, key=room)]
+
+    def _is_column(self, part: list[int]) -> bool:
+        x0, _, x1, _ = _union([self.boxes[i] for i in part])
+        return (len(part) >= self.settings.min_column_lines
+                and x1 - x0 >= self.settings.min_column_width * self.unit)
+
+    def _bands(self, idx: list[int]) -> list[list[int]]:
+        """``idx`` cut wherever no line spans a horizontal gap, top to bottom."""
+        bands: list[list[int]] = []
+        bottom = -float("inf")
+        for i in sorted(idx, key=lambda i: self.boxes[i][1]):
+            if not bands or self.boxes[i][1] >= bottom:
+                bands.append([])
+                bottom = self.boxes[i][3]
+            bands[-1].append(i)
+            bottom = max(bottom, self.boxes[i][3])
+        return bands
+
+    def _runs(self, idx: list[int]) -> list[list[int]]:
+        """Consecutive bands merged while a gutter runs through them all (or while none has one)."""
+        runs: list[list[int]] = []
+        split = False  # whether the current run has a gutter
+        for band in self._bands(idx):
+            if runs:
+                merged = runs[-1] + band
+                # A band that starts a paragraph's gap below the end of every column is no column's
+                # continuation: a footnote or a closing paragraph under the columns.
+                gutter = bool(self._gutters(band))
+                below = (split and not gutter
+                         and self._top(band) - self._bottom(runs[-1]) >= self.settings.paragraph_gap * self.unit)
+                if not below and (self._gutters(merged) or (not split and not gutter)):
+                    runs[-1], split = merged, bool(self._gutters(merged))
+                    continue
+            runs.append(band)
+            split = bool(self._gutters(band))
+        return runs
+
+    def _top(self, idx: list[int]) -> float:
+        return min(self.boxes[i][1] for i in idx)
+
+    def _bottom(self, idx: list[int]) -> float:
+        return max(self.boxes[i][3] for i in idx)
+
+    def _paragraphs(self, idx: list[int]) -> list[list[int]]:
+        """One column's lines in rows, cut into blocks at tall blank gaps."""
+        blocks: list[list[int]] = []
+        bottom = -float("inf")
+        for row in self._rows(idx):
+            top = min(self.boxes[i][1] for i in row)
+            if not blocks or top - bottom >= self.settings.paragraph_gap * self.unit:
+                blocks.append([])
+            blocks[-1] += row
+            bottom = max(bottom, *(self.boxes[i][3] for i in row))
+        return blocks
+
+    def _rows(self, idx: list[int]) -> list[list[int]]:
+        """Lines top to bottom, in rows: a line joins a row when it overlaps the row's FIRST line by more
+        than half the smaller height (the first only: a tall margin note must not swallow several rows)."""
+        rows: list[list[int]] = []
+        for i in sorted(idx, key=lambda i: self.boxes[i][1]):
+            top, bottom = self.boxes[i][1], self.boxes[i][3]
+            if rows:
+                head = self.boxes[rows[-1][0]]
+                if min(bottom, head[3]) - max(top, head[1]) > 0.5 * min(bottom - top, head[3] - head[1]):
+                    rows[-1].append(i)
+                    continue
+            rows.append([i])
+        sign = -1 if self.rtl else 1
+        return [sorted(row, key=lambda i: sign * self.boxes[i][0 if sign > 0 else 2]) for row in rows]
+
+
+def _margin_kinds(groups: list[list[int]], boxes: list[Box], unit: float, page_height: float | None,
+                  settings: LayoutSettings) -> list[BlockKind]:
+    kinds = [BlockKind.PARAGRAPH] * len(groups)
+    if not page_height or len(groups) < 2:
+        return kinds
+    band = settings.margin_band * page_height
+    extents = [_union([boxes[i] for i in group]) for group in groups]
+
+    def small(group: list[int]) -> bool:
+        return len(group) <= 2 and all(boxes[i][3] - boxes[i][1] <= 1.3 * unit for i in group)
+
+    if small(groups[0]) and extents[0][3] <= band and all(e[1] >= extents[0][3] for e in extents[1:]):
+        kinds[0] = BlockKind.HEADER
+    if (small(groups[-1]) and extents[-1][1] >= page_height - band
+            and all(e[3] <= extents[-1][1] for e in extents[:-1])):
+        kinds[-1] = BlockKind.FOOTER
+    return kinds
+
+
+# -- words along a line ----------------------------------------------------------------------------------
+
+_SPACE = 0.3  # the width of a space, in ems
+_NARROW = frozenset(".,:;'!|`\"()[]{}ilIjft1")
+
+
+def _width(ch: str) -> float:
+    """A character's rough advance in ems: what a proportional font of the script gives on average."""
+    if unicodedata.combining(ch) or unicodedata.category(ch) in ("Mn", "Me", "Cf"):
+        return 0.0
+    if unicodedata.east_asian_width(ch) in ("W", "F"):
+        return 1.0
+    if ch in _NARROW:
+        return 0.3
+    return 0.7 if ch.isupper() or ch in "mwMW" else 0.55
+
+
+def estimate_words(text: str, quad: Sequence[Point], *, confidence: float | None = None,
+                   rtl: bool = False) -> list[Word]:
+    """The words of ``text`` (split at whitespace) laid out along ``quad`` by their characters' widths,
+    each marked ``estimated``; a right-to-left line's first word at its right end."""
+    tokens = text.split()
+    widths = [sum(_width(ch) for ch in token) or 0.5 for token in tokens]
+    total = sum(widths) + _SPACE * (len(tokens) - 1)
+    if not tokens or len(quad) != 4:
+        return []
+    (x0, y0), (x1, y1), (x2, y2), (x3, y3) = quad
+
+    def at(t: float) -> tuple[Point, Point]:  # the points at fraction t of the top and bottom edges
+        t = 1.0 - t if rtl else t
+        return ((round(x0 + (x1 - x0) * t, 1), round(y0 + (y1 - y0) * t, 1)),
+                (round(x3 + (x2 - x3) * t, 1), round(y3 + (y2 - y3) * t, 1)))
+
+    words, start = [], 0.0
+    for token, width in zip(tokens, widths):
+        (top_a, bottom_a), (top_b, bottom_b) = at(start / total), at((start + width) / total)
+        quad_w = [top_a, top_b, bottom_b, bottom_a] if not rtl else [top_b, top_a, bottom_a, bottom_b]
+        words.append(Word(text=token, quad=quad_w, confidence=confidence, estimated=True))
+        start += width + _SPACE
+    return words
