@@ -105,7 +105,9 @@ class EngineSettings(BaseModel):
 
 
 class WorkerSettings(BaseModel):
-    preprocess_processes: int = Field(1, ge=0, description="CPU pool size; 0 preprocesses in-process")
+    preprocess_processes: int | None = Field(None, ge=0, description="CPU pool size; unset: the CPUs this process "
+                                             "may use (its affinity, its cgroup's CPU quota) less one for the worker "
+                                             "itself, at least 1; 0 preprocesses in-process")
     batch_size: int = Field(0, ge=0, description="pages per engine call; 0 = what the engine prefers")
     batch_wait: float = Field(0.25, ge=0, description="most seconds a micro-batch waits for pages that are "
                               "still being preprocessed (never for pages not yet started, never with interactive)")

@@ -2,8 +2,10 @@
 
 Each pool process builds its own object-store client once (initializer) and receives only object
 keys and page numbers, never image bytes, so the parent process never copies an original (a whole
-PDF or multi-page TIFF, of which the pool prepares the one page asked for). With ``processes=0`` the
-work runs on a thread in the calling process (tests, tiny machines).
+PDF or multi-page TIFF, of which the pool prepares the one page asked for). By default the pool has
+as many processes as this process may use CPUs, less one for the worker itself (``workers.cpus``);
+``worker.preprocess_processes`` sets another number, and 0 runs the work on a thread in the calling
+process (tests, tiny machines).
 
 Whatever goes wrong with one page comes back as that page's ``Prepared`` error, never as an
 exception: a third-party one might not survive the trip back between processes, and a pool that
@@ -27,6 +29,7 @@ from paperlane.errors import INTERNAL_REASON, PaperlaneError
 from paperlane.models.engine import InputSpec
 from paperlane.settings import Settings
 from paperlane.storage.objects import ObjectStore, open_store
+from paperlane.workers.cpus import WORKER_OWN_CPUS, available_cpus, pool_processes
 from paperlane.workers.preprocess import Limits, PreparedPage, prepare_page
 
 log = logging.getLogger(__name__)
@@ -112,10 +115,14 @@ class CpuPool:
         self._settings = settings
         self._store = store
         self._urgent = ThreadPoolExecutor(max_workers=2, thread_name_prefix="preprocess-urgent")
+        setting, cpus = settings.worker.preprocess_processes, available_cpus()
+        self._processes = pool_processes(setting, cpus)
+        log.info("preprocessing pool: %d processes (%s)", self._processes, "worker.preprocess_processes"
+                 if setting is not None else f"{cpus:g} CPUs usable, less {WORKER_OWN_CPUS} for the worker itself")
         self._executor = self._new_executor()
 
     def _new_executor(self) -> Executor:
-        n = self._settings.worker.preprocess_processes
+        n = self._processes
         if n == 0:
             return ThreadPoolExecutor(max_workers=1, thread_name_prefix="preprocess")
         executor = ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn"),
