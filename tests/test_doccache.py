@@ -239,3 +239,10 @@ def test_a_pdf_the_spool_cannot_fetch_fails_its_page_with_the_stores_reason(tmp_
         assert pool.submit(original_key("9" * 64, ".pdf"), VLM_SPEC).result().page is not None
     finally:
         pool.close()
+
+
+def test_by_default_every_pdf_a_worker_accepts_is_spooled_and_a_typical_one_kept_open() -> None:
+    cfg = WorkerSettings()
+    assert cfg.document_cache_bytes == 1 << 30 and cfg.open_document_bytes == 256 << 20
+    assert cfg.document_cache_bytes >= cfg.max_input_bytes  # no PDF a worker reads is too large to spool
+    assert cfg.open_document_bytes >= cfg.max_input_bytes  # nor to keep open
