@@ -25,7 +25,6 @@ same run: CPU per PDF page / CPU per JPEG page).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import io
 import os
 import re
@@ -37,7 +36,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pypdfium2 as pdfium
-import pypdfium2.raw as pdfium_c
 from common import (
     PAPERLANE,
     Services,
@@ -62,7 +60,7 @@ from paperlane.settings import load_settings
 from paperlane.storage.db import Database
 from paperlane.storage.objects import open_store
 from paperlane.workers.cpus import WORKER_OWN_CPUS, available_cpus, pool_processes
-from tests.pages import WORDS
+from tests.pages import WORDS, add_text, bilevel_pdf, pdf_bytes
 from tests.sim_engine import SimEngine, start_sim_engine
 
 SETS = ("jpeg", "pdf", "ccitt", "text")
@@ -178,37 +176,19 @@ def jpeg_pdf(jpegs: list[bytes], *, text_layer: bool = False) -> bytes:
             add_invisible_text(pdf, page, seed=n, height=h)
         page.gen_content()
         page.close()
-    return saved(pdf)
+    return pdf_bytes(pdf)
 
 
 def add_invisible_text(pdf: pdfium.PdfDocument, page: pdfium.PdfPage, *, seed: int, height: float) -> None:
     """45 lines of text in render mode 3 (invisible), one text object each, as an OCR layer is written."""
     for i in range(45):
-        words = " ".join(WORDS[(seed + i + k) % len(WORDS)] for k in range(7)) + "\x00"
-        text = pdfium_c.FPDFPageObj_NewTextObj(pdf, b"Helvetica", ctypes.c_float(10))
-        encoded = words.encode("utf-16-le")
-        pdfium_c.FPDFText_SetText(text, ctypes.cast(ctypes.c_char_p(encoded), ctypes.POINTER(ctypes.c_ushort)))
-        pdfium_c.FPDFTextObj_SetTextRenderMode(text, pdfium_c.FPDF_TEXTRENDERMODE_INVISIBLE)
-        pdfium_c.FPDFPageObj_Transform(text, 1, 0, 0, 1, 36, height - 40 - i * 17)
-        pdfium_c.FPDFPage_InsertObject(page, text)
+        words = " ".join(WORDS[(seed + i + k) % len(WORDS)] for k in range(7))
+        add_text(pdf, page, words, x=36, y=height - 40 - i * 17)
 
 
 def ccitt_pdf(jpegs: list[bytes]) -> bytes:
     """The scans made bilevel and stored as CCITT G4 (Pillow's PDF writer), one page each, at 300 dpi."""
-    frames = []
-    for jpeg in jpegs:
-        with Image.open(io.BytesIO(jpeg)) as im:
-            frames.append(im.convert("L").point(lambda v: 255 if v > 128 else 0).convert("1"))
-    buf = io.BytesIO()
-    frames[0].save(buf, format="PDF", resolution=DPI, save_all=True, append_images=frames[1:])
-    return buf.getvalue()
-
-
-def saved(pdf: pdfium.PdfDocument) -> bytes:
-    buf = io.BytesIO()
-    pdf.save(buf)
-    pdf.close()
-    return buf.getvalue()
+    return bilevel_pdf([Image.open(io.BytesIO(jpeg)) for jpeg in jpegs], dpi=DPI)
 
 
 # --- paperlane run -------------------------------------------------------------------------------------------

@@ -3,7 +3,6 @@ on the page, or anything PDFium would apply to the image that its bytes do not s
 
 from __future__ import annotations
 
-import ctypes
 import io
 from collections.abc import Callable
 
@@ -27,7 +26,7 @@ from paperlane.workers.preprocess import (
     scanned_pixels,
     target_size,
 )
-from tests.pages import sample_lines
+from tests.pages import add_text, bilevel_pdf, pdf_bytes, sample_lines
 from tests.test_preprocess import VLM_SPEC, handmade_pdf
 
 A4 = (595.0, 842.0)
@@ -57,13 +56,6 @@ def jpeg_of(img: Image.Image, *, exif_orientation: int | None = None) -> bytes:
     return buf.getvalue()
 
 
-def saved(pdf: pdfium.PdfDocument) -> bytes:
-    buf = io.BytesIO()
-    pdf.save(buf)
-    pdf.close()
-    return buf.getvalue()
-
-
 def image_pdf(fill: Callable[[pdfium.PdfImage], None], *, page_pt: tuple[float, float] = A4,
               matrix: tuple[float, ...] | None = None, rotate: int = 0,
               crop: tuple[float, float, float, float] | None = None,
@@ -84,7 +76,7 @@ def image_pdf(fill: Callable[[pdfium.PdfImage], None], *, page_pt: tuple[float, 
     if crop is not None:
         page.set_cropbox(*crop)
     page.close()
-    return saved(pdf)
+    return pdf_bytes(pdf)
 
 
 def jpeg_pdf(jpeg: bytes, **kwargs: object) -> bytes:
@@ -98,16 +90,13 @@ def flate_pdf(img: Image.Image, **kwargs: object) -> bytes:
 def ccitt_pdf(img: Image.Image, *, rotate: int = 0, crop: tuple[float, float, float, float] | None = None,
               pages: int = 1) -> bytes:
     """``img`` as a bilevel page in CCITT G4, as Pillow's PDF writer stores it (/BlackIs1 true), at 150 dpi."""
-    bilevel = img.convert("L").point(lambda v: 255 if v > 128 else 0).convert("1")
-    buf = io.BytesIO()
-    bilevel.save(buf, format="PDF", resolution=150, save_all=True, append_images=[bilevel] * (pages - 1))
-    pdf = pdfium.PdfDocument(buf.getvalue())
+    pdf = pdfium.PdfDocument(bilevel_pdf([img] * pages, dpi=150))
     for page in pdf:
         if rotate:
             page.set_rotation(rotate)
         if crop is not None:
             page.set_cropbox(*crop)
-    return saved(pdf)
+    return pdf_bytes(pdf)
 
 
 def reference(data: bytes, spec: InputSpec, page: int = 1) -> np.ndarray:
@@ -254,12 +243,7 @@ def test_a_grey_scan_stays_grey_for_a_colour_engine_and_maps_to_300_dpi_pixels()
 
 def text_layer(mode: int) -> Callable[[pdfium.PdfDocument, pdfium.PdfPage], None]:
     def add(pdf: pdfium.PdfDocument, page: pdfium.PdfPage) -> None:
-        text = pdfium_c.FPDFPageObj_NewTextObj(pdf, b"Helvetica", ctypes.c_float(24))
-        words = "Invoice total 1234\x00".encode("utf-16-le")
-        pdfium_c.FPDFText_SetText(text, ctypes.cast(ctypes.c_char_p(words), ctypes.POINTER(ctypes.c_ushort)))
-        pdfium_c.FPDFTextObj_SetTextRenderMode(text, mode)
-        pdfium_c.FPDFPageObj_Transform(text, 1, 0, 0, 1, 100, 700)
-        pdfium_c.FPDFPage_InsertObject(page, text)
+        add_text(pdf, page, "Invoice total 1234", x=100, y=700, size=24, mode=mode)
     return add
 
 
