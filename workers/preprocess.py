@@ -629,9 +629,11 @@ def _fit(img: np.ndarray, spec: InputSpec) -> tuple[np.ndarray, tuple[int, int]]
 def _resized(img: np.ndarray, w: int, h: int) -> np.ndarray:
     """``img`` resized to w x h."""
     ow = img.shape[1]
-    # What DCT reduction left is a mild factor: bilinear is 8x cheaper than area averaging and
-    # as good above 1/2; below that (PNG, TIFF: no DCT reduction) area averaging avoids aliasing.
-    interp = cv2.INTER_AREA if w < ow / 2 else (cv2.INTER_LINEAR if w < ow else cv2.INTER_CUBIC)
+    # What DCT reduction left is a mild factor, down or (a PDF page drawn at its render size) up:
+    # bilinear is 8x cheaper than area averaging and as good above 1/2, and as good as bicubic below
+    # 5/4; beyond those (PNG, TIFF: no DCT reduction; a small image) area averaging avoids aliasing
+    # and bicubic keeps edges.
+    interp = cv2.INTER_AREA if w < ow / 2 else (cv2.INTER_LINEAR if w < ow * 1.25 else cv2.INTER_CUBIC)
     return cv2.resize(img, (w, h), interpolation=interp)
 
 
