@@ -162,7 +162,8 @@ class CpuPool:
 
     def submit(self, key: str, spec: InputSpec, *, page: int = 1, urgent: bool = False) -> Future[Prepared]:
         """Fetch the original ``key`` and prepare its page ``page`` (from 1: a PDF's page, a TIFF's frame)
-        for ``spec``: in the pool, or at once in-process when ``urgent``.
+        for ``spec``: in the pool, or at once in-process when ``urgent``. A PDF is fetched here, once for
+        all its pages (the first page of one waits for its download), and read from the local copy.
 
         The future's result is a ``Prepared``, whatever happened to the page (a page the original does
         not have: an InputError); the future itself fails only when the pool does (``BrokenProcessPool``:
