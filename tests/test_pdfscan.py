@@ -330,6 +330,12 @@ def test_an_image_pdfium_draws_otherwise_than_its_bytes_say_is_rendered(name: st
     assert np.abs(got.astype(np.int16) - want.astype(np.int16)).mean() < 1.0
 
 
+def test_a_transfer_function_anywhere_in_the_file_gets_the_page_rendered() -> None:
+    gstate = (b"<< /Type /ExtGState /TR /Identity >>",)
+    data = handmade_image_page(GREY_JPEG, jpeg_of(SMALL), extra_objects=gstate)
+    assert fast(data, VLM_SPEC) is None
+
+
 def test_an_image_whose_dictionary_is_not_found_in_the_file_is_rendered() -> None:
     # Indirect /Length and an image stream whose bytes pdfium reads but the index cannot place: with an
     # encrypted file (the stream bytes in the file differ from the ones pdfium decrypts) it is the same.

@@ -17,7 +17,8 @@ and places the pixels):
   ``/SMask`` and ``/Mask`` (transparency), ``/Decode`` (inverted samples), ``/OC`` (optional
   content), ``/ColorTransform`` (a JPEG's colour conversion), ``/SMaskInData``, ``/ImageMask``.
   They are read from the image's dictionary in the file's bytes, found by the last bytes of its
-  stream; an image whose dictionary cannot be found (an encrypted file) counts as having them.
+  stream; an image whose dictionary cannot be found (an encrypted file) counts as having them, as
+  every image does in a file that has a transfer function (``/TR``) anywhere.
 
 PDFium is not thread-safe: callers hold ``paperlane.pdfium.LOCK`` around every call here.
 """
@@ -247,8 +248,9 @@ def image_bitmap(image: LoneImage) -> np.ndarray | None:
         pdfium_c.FPDFBitmap_Destroy(handle)
 
 
-# An image XObject's dictionary: the object's keyword, then /Subtype /Image within its dictionary.
-_IMAGE_KEY = re.compile(rb"/Subtype\s*/Image\b")
+# An image XObject's dictionary (its object's keyword, then /Subtype /Image within it), or a transfer
+# function in a graphics state (/TR, /TR2: PDFium maps every colour drawn under it, images too).
+_SCAN = re.compile(rb"(/Subtype\s*/Image\b)|/TR2?\b")
 _DICT_SPAN = 16384  # bytes searched around /Subtype /Image for its object's start and its stream's
 _DIRECT_LENGTH = re.compile(rb"/Length\s+(\d+)\b(?!\s+\d+\s+R)")
 _HIDDEN = re.compile(rb"/(?:SMask|Mask|Decode|OC|SMaskInData|ImageMask)\b")
@@ -284,8 +286,12 @@ class ImageDicts:
 
 
 def _index(data: bytes | mmap.mmap) -> dict[bytes, tuple[bool, bool]]:
+    """Tail of each image stream -> (hidden entries in its dictionary, /ColorTransform in it); empty when the
+    file has a transfer function anywhere (every image then counts as having hidden entries)."""
     index: dict[bytes, tuple[bool, bool]] = {}
-    for found in _IMAGE_KEY.finditer(data):
+    for found in _SCAN.finditer(data):
+        if found.group(1) is None:
+            return {}
         start = data.rfind(b"obj", max(0, found.start() - _DICT_SPAN), found.start())
         keyword = data.find(b"stream", found.end(), found.end() + _DICT_SPAN)
         if start < 0 or keyword < 0:
