@@ -515,7 +515,7 @@ def _render(pdf_page: pypdfium2.PdfPage, page: int, spec: InputSpec, limits: Lim
 
 
 def scanned_pixels(pdf_page: pypdfium2.PdfPage, size: tuple[int, int], spec: InputSpec, limits: Limits,
-             image_dicts: pdfscan.ImageDicts) -> np.ndarray | None:
+                   image_dicts: pdfscan.ImageDicts) -> np.ndarray | None:
     """The page's one image placed as a render of ``size`` shows it (see ``workers.pdfscan``): a JPEG
     decoded here at reduced scale, any other image by PDFium at its own size. None: render the page."""
     image = pdfscan.lone_image(pdf_page, size)
@@ -550,7 +550,7 @@ def _stored_jpeg(image: pdfscan.LoneImage, spec: InputSpec, limits: Limits) -> n
 
 def _placed(img: np.ndarray, placement: pdfscan.Placement, size: tuple[int, int]) -> np.ndarray | None:
     """``img`` turned and scaled into ``placement.rect`` of a white page of ``size``, as PDFium draws it;
-    None when most of it lies off the page (a crop box on a detail: rendering costs less)."""
+    None when it is four times the page or more (a crop box on a detail: rendering costs less)."""
     if placement.transpose:
         img = cv2.transpose(img)
     if placement.flip_x or placement.flip_y:
@@ -653,7 +653,7 @@ def grey_preview(img: np.ndarray, side: int) -> np.ndarray:
     """A grey copy of ``img`` at most ``side`` px on its longer side: what the annotated image is drawn on."""
     h, w = img.shape[:2]
     fit = side / max(w, h)
-    while fit < 0.5:
+    while fit < 0.5 and min(w, h) >= 2:
         # Halved by area averaging, which OpenCV does 12x faster at a whole factor than at any other
         # (a 2048-px PDF page to a 1000-px preview: 0.6 ms, not 7.5); an odd last row or column is dropped.
         h, w, fit = h // 2, w // 2, fit * 2
