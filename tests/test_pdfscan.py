@@ -291,16 +291,16 @@ def test_a_skewed_image_is_rendered() -> None:
 
 
 def handmade_image_page(image_dict: bytes, stream: bytes, *, extra_objects: tuple[bytes, ...] = (),
-                        clip: bytes = b"") -> bytes:
+                        clip: bytes = b"", length: bytes | None = None) -> bytes:
     """A page drawing image object 5 (``image_dict`` without /Length, then ``stream``) over all of A4,
-    within ``clip`` (a path and W n)."""
+    within ``clip`` (a path and W n); ``length``: its /Length value (default: the stream's length)."""
     draw = b"q %s q 595 0 0 842 0 0 cm /Im1 Do Q Q" % clip
     return handmade_pdf(
         b"<< /Type /Catalog /Pages 2 0 R >>", b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
         b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 595 842] /Contents 4 0 R "
         b"/Resources << /XObject << /Im1 5 0 R >> >> >>",
         b"<< /Length %d >>\nstream\n%s\nendstream" % (len(draw), draw),
-        b"<< %s /Length %d >>\nstream\n%s\nendstream" % (image_dict, len(stream), stream),
+        b"<< %s /Length %s >>\nstream\n%s\nendstream" % (image_dict, length or b"%d" % len(stream), stream),
         *extra_objects,
     )
 
@@ -328,6 +328,15 @@ def test_an_image_pdfium_draws_otherwise_than_its_bytes_say_is_rendered(name: st
     got, _, _ = render_pdf_page(data, 1, GREY_SPEC, Limits())
     want = cv2.cvtColor(reference(data, GREY_SPEC), cv2.COLOR_BGR2GRAY)
     assert np.abs(got.astype(np.int16) - want.astype(np.int16)).mean() < 1.0
+
+
+def test_an_image_whose_stream_length_is_an_indirect_object_is_found_too() -> None:
+    stream = jpeg_of(SMALL)
+    size = (b"%d" % len(stream),)
+    assert_same_picture(handmade_image_page(GREY_JPEG, stream, extra_objects=size, length=b"6 0 R"))
+    masked = handmade_image_page(GREY_JPEG + b" /SMask 7 0 R", stream, extra_objects=(*size, *MASK),
+                                 length=b"6 0 R")
+    assert fast(masked, VLM_SPEC) is None
 
 
 def test_a_transfer_function_anywhere_in_the_file_gets_the_page_rendered() -> None:
