@@ -27,8 +27,11 @@ import cv2  # noqa: E402
 import numpy as np  # noqa: E402
 import psycopg2  # noqa: E402
 from PIL import Image, ImageDraw, ImageFont  # noqa: E402
+from sqlalchemy import func, select  # noqa: E402
 
 from paperlane.models.profiles import get_profile  # noqa: E402
+from paperlane.storage.db import Database  # noqa: E402
+from paperlane.storage.tables import JobRow  # noqa: E402
 from tests import services  # noqa: E402
 from tests.pages import WORDS  # noqa: E402
 
@@ -167,3 +170,17 @@ def machine_cpu() -> tuple[float, float]:
     idle = values[3] + values[4]  # idle, iowait
     tick = os.sysconf("SC_CLK_TCK")
     return (sum(values) - idle) / tick, sum(values) / tick
+
+
+def finished_jobs(db: Database, status: str | None = None) -> int:
+    """Jobs in the database that are final (or in ``status``)."""
+    with db.session() as s:
+        q = select(func.count()).select_from(JobRow)
+        q = q.where(JobRow.status == status) if status else q.where(JobRow.status.in_(("succeeded", "failed")))
+        return int(s.scalar(q) or 0)
+
+
+def last_finished(db: Database) -> float:
+    """Epoch seconds the last job finished."""
+    with db.session() as s:
+        return float(s.scalar(select(func.max(JobRow.finished_at))).timestamp())

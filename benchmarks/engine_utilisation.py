@@ -41,7 +41,9 @@ from typing import Any
 from common import (
     PAPERLANE,
     a4_scan,
+    finished_jobs,
     group_cpu,
+    last_finished,
     machine_cpu,
     process_cpu,
     start_services,
@@ -50,7 +52,7 @@ from common import (
     with_comment,
     write_config,
 )
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from paperlane.priority.broker import make_celery
 from paperlane.priority.lanes import Lane
@@ -142,13 +144,13 @@ def run_worker(args: argparse.Namespace, root: Path, pages: Iterator[bytes], sim
         worker = start_worker(config, root / "paperlane.log", sim.url)
         try:
             start = Probe.read(worker.pid, sim)
-            while _count(db) < len(ids):
+            while finished_jobs(db) < len(ids):
                 time.sleep(0.5)
-            end = Probe.read(worker.pid, sim, at=_last_finished(db))
+            end = Probe.read(worker.pid, sim, at=last_finished(db))
         finally:
             stop(worker)
         _print_stages(db)
-        failed = _count(db, "failed")
+        failed = finished_jobs(db, "failed")
     finally:
         svc.stop()
     main_s = end.cpu.get(worker.pid, 0.0) - start.cpu.get(worker.pid, 0.0)
@@ -223,18 +225,6 @@ def _print_timings(timings: list[dict[str, float]]) -> None:
     print("stage         p50 ms   p95 ms  share")
     for r in stage_report(timings):
         print(f"{r.stage:<12} {r.p50 * 1000:7.0f}  {r.p95 * 1000:7.0f}  {r.share:5.1%}")
-
-
-def _last_finished(db: Database) -> float:
-    with db.session() as s:
-        return float(s.scalar(select(func.max(JobRow.finished_at))).timestamp())
-
-
-def _count(db: Database, status: str | None = None) -> int:
-    with db.session() as s:
-        q = select(func.count()).select_from(JobRow)
-        q = q.where(JobRow.status == status) if status else q.where(JobRow.status.in_(("succeeded", "failed")))
-        return int(s.scalar(q) or 0)
 
 
 if __name__ == "__main__":

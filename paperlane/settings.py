@@ -110,7 +110,9 @@ class EngineSettings(BaseModel):
 
 
 class WorkerSettings(BaseModel):
-    preprocess_processes: int = Field(1, ge=0, description="CPU pool size; 0 preprocesses in-process")
+    preprocess_processes: int | None = Field(None, ge=0, description="CPU pool size; unset: the CPUs this process "
+                                             "may use (its affinity, its cgroup's CPU quota) less one for the worker "
+                                             "itself, at least 1; 0 preprocesses in-process")
     batch_size: int = Field(0, ge=0, description="pages per engine call; 0 = what the engine prefers")
     batch_wait: float = Field(0.25, ge=0, description="most seconds a micro-batch waits for pages that are "
                               "still being preprocessed (never for pages not yet started, never with interactive)")
@@ -122,6 +124,12 @@ class WorkerSettings(BaseModel):
     retry_backoff: float = Field(2.0, ge=0, description="seconds before the first retry; doubles each time")
     max_image_pixels: int = Field(150_000_000, description="refuse larger images before decoding them")
     max_input_bytes: int = Field(200 * 1024 * 1024)
+    document_cache_bytes: int = Field(1024**3, ge=0, description="PDFs a worker keeps in a local folder for its "
+                                      "pool (one download per PDF, not one per page), least recently used removed "
+                                      "beyond this; a larger PDF is read from the store for each page; 0: none kept")
+    open_document_bytes: int = Field(256 * 1024**2, ge=0, description="PDFs each preprocessing process keeps "
+                                     "open (parsed) for their next pages, by file size (PDFium keeps what it has "
+                                     "read of one, up to all of it); a larger one is opened again for each page")
     annotated_format: ImageFormat = Field(ImageFormat.JPEG, description="the annotated image: jpeg (cheapest), "
                                           "webp (smallest, ~25x the CPU of jpeg) or png (lossless, ~15x)")
     annotated_max_side: int = Field(1000, ge=100, le=8000, description="longest side of the annotated image, px")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import ctypes
 import io
 import random
 import struct
 import zlib
 from typing import TYPE_CHECKING
 
+import pypdfium2 as pdfium
+import pypdfium2.raw as pdfium_c
 from PIL import Image, ImageDraw, ImageFont
 
 if TYPE_CHECKING:
@@ -133,3 +136,33 @@ def _fill(rnd: random.Random, vocab: list[str], joiner: str, width: int, font: I
         if draw.textlength(longer, font=font) > limit:
             return line
         line = longer
+
+
+# --- Scanned PDFs, as scanners and OCR tools write them ---------------------------------------------------------
+
+
+def pdf_bytes(pdf: pdfium.PdfDocument) -> bytes:
+    """``pdf`` saved, and closed."""
+    buf = io.BytesIO()
+    pdf.save(buf)
+    pdf.close()
+    return buf.getvalue()
+
+
+def add_text(pdf: pdfium.PdfDocument, page: pdfium.PdfPage, text: str, *, x: float, y: float, size: float = 10,
+             mode: int = pdfium_c.FPDF_TEXTRENDERMODE_INVISIBLE) -> None:
+    """A line of Helvetica at (x, y) points; invisible by default (render mode 3), as an OCR layer is written."""
+    obj = pdfium_c.FPDFPageObj_NewTextObj(pdf, b"Helvetica", ctypes.c_float(size))
+    encoded = (text + "\x00").encode("utf-16-le")
+    pdfium_c.FPDFText_SetText(obj, ctypes.cast(ctypes.c_char_p(encoded), ctypes.POINTER(ctypes.c_ushort)))
+    pdfium_c.FPDFTextObj_SetTextRenderMode(obj, mode)
+    pdfium_c.FPDFPageObj_Transform(obj, 1, 0, 0, 1, x, y)
+    pdfium_c.FPDFPage_InsertObject(page, obj)
+
+
+def bilevel_pdf(images: list[Image.Image], *, dpi: int) -> bytes:
+    """``images`` made bilevel, one page each, stored as CCITT G4 by Pillow's PDF writer (/BlackIs1 true)."""
+    frames = [im.convert("L").point(lambda v: 255 if v > 128 else 0).convert("1") for im in images]
+    buf = io.BytesIO()
+    frames[0].save(buf, format="PDF", resolution=dpi, save_all=True, append_images=frames[1:])
+    return buf.getvalue()

@@ -17,7 +17,7 @@ from PIL import Image, ImageOps
 
 from paperlane.errors import InputError
 from paperlane.models.engine import InputSpec
-from paperlane.workers.preprocess import Limits, prepare_page, target_size
+from paperlane.workers.preprocess import Limits, grey_preview, prepare_page, target_size
 from tests.pages import BAD_INPUTS, huge_declared_png, prepare, render_page, sample_lines, truncated_jpeg
 
 VLM_SPEC = InputSpec(encoding="jpeg", max_side=2048, max_pixels=2048 * 2048, min_pixels=512 * 512, multiple_of=32)
@@ -393,3 +393,10 @@ def test_exif_orientation_is_applied_to_images_with_alpha_or_a_palette(fmt: str,
     page = prepare_page(buf.getvalue(), InputSpec())
     assert page.image.pixels is not None and (page.width, page.height) == expected.shape[1::-1]
     assert np.array_equal(page.image.pixels, expected)
+
+
+@pytest.mark.parametrize("size", [(2048, 1), (1, 2048), (2048, 1536), (1537, 2047)])
+def test_the_preview_of_any_page_fits_its_side(size: tuple[int, int]) -> None:
+    img = np.full((size[1], size[0]), 200, np.uint8)
+    preview = grey_preview(img, 1000)
+    assert max(preview.shape) in (999, 1000) and min(preview.shape) >= 1 and (preview == 200).all()

@@ -1,9 +1,14 @@
 """The CPU preprocessing pool: a process pool that fetches originals and prepares pages.
 
 Each pool process builds its own object-store client once (initializer) and receives only object
-keys and page numbers, never image bytes, so the parent process never copies an original (a whole
-PDF or multi-page TIFF, of which the pool prepares the one page asked for). With ``processes=0`` the
-work runs on a thread in the calling process (tests, tiny machines).
+keys and page numbers, never image bytes: the parent process never sends an original through the
+pool's pipes. A PDF is the exception to fetching by key: the worker downloads it once into a local
+folder that the pool's processes open it from, and each keeps it open for its next pages
+(``workers.doccache``), so a PDF costs one download per worker and one parse per pool process, not
+one of each per page. By default the pool has
+as many processes as this process may use CPUs, less one for the worker itself (``workers.cpus``);
+``worker.preprocess_processes`` sets another number, and 0 runs the work on a thread in the calling
+process (tests, tiny machines).
 
 Whatever goes wrong with one page comes back as that page's ``Prepared`` error, never as an
 exception: a third-party one might not survive the trip back between processes, and a pool that
@@ -22,16 +27,20 @@ import traceback
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from pathlib import Path
 
 from paperlane.errors import INTERNAL_REASON, OutOfMemory, PaperlaneError
 from paperlane.models.engine import InputSpec
 from paperlane.settings import Settings
 from paperlane.storage.objects import ObjectStore, open_store
+from paperlane.workers.cpus import WORKER_OWN_CPUS, available_cpus, pool_processes
+from paperlane.workers.doccache import OpenDocuments, Spool, spooled_kind
 from paperlane.workers.preprocess import Limits, PreparedPage, prepare_page
 
 log = logging.getLogger(__name__)
 
 _store: ObjectStore | None = None
+_documents: OpenDocuments | None = None
 
 
 @dataclass
@@ -48,7 +57,7 @@ class Prepared:
 
 
 def _init_process(settings: Settings) -> None:
-    global _store
+    global _store, _documents
     # One ONNX/OpenCV thread per pool process: the pool itself is the parallelism.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # Backlog preprocessing yields the CPU to the worker process, where interactive pages are
@@ -59,6 +68,7 @@ def _init_process(settings: Settings) -> None:
     cv2.setNumThreads(1)
     _keep_freed_memory()
     _store = open_store(settings)
+    _documents = OpenDocuments(budget=settings.worker.open_document_bytes)
 
 
 # glibc's mallopt() parameters (malloc.h).
@@ -82,12 +92,19 @@ def _keep_freed_memory() -> None:
 
 
 def _prepare_key(key: str, page_number: int, spec: InputSpec, limits: Limits, preview_side: int,
-                 store: ObjectStore | None = None) -> Prepared:
-    t0 = time.perf_counter()
+                 local: str | None = None, waited: float = 0.0, store: ObjectStore | None = None,
+                 documents: OpenDocuments | None = None) -> Prepared:
+    """Prepare page ``page_number`` of the original ``key``: from its local copy ``local`` (a PDF the
+    worker spooled) when there is one, else from the store. ``waited``: seconds the worker spent
+    spooling it for this page, counted in the page's preprocessing time."""
+    t0 = time.perf_counter() - waited
     try:
-        store = store or _store
-        assert store is not None, "pool process not initialised"
-        page = prepare_page(store.get(key), spec, limits, page=page_number, preview_side=preview_side)
+        store, documents = store or _store, documents or _documents
+        assert store is not None and documents is not None, "pool process not initialised"
+        if local is not None and os.path.exists(local):
+            page = documents.prepare(key, Path(local), spec, limits, page=page_number, preview_side=preview_side)
+        else:
+            page = prepare_page(store.get(key), spec, limits, page=page_number, preview_side=preview_side)
         return Prepared(page, None, time.perf_counter() - t0)
     except PaperlaneError as exc:
         return Prepared(None, exc, time.perf_counter() - t0)
@@ -111,11 +128,19 @@ class CpuPool:
         self._preview_side = settings.worker.annotated_max_side
         self._settings = settings
         self._store = store
+        cfg = settings.worker
+        self._spool = (Spool(store, budget=cfg.document_cache_bytes, max_bytes=cfg.max_input_bytes)
+                       if cfg.document_cache_bytes else None)
+        self._documents = OpenDocuments(budget=cfg.open_document_bytes)  # the urgent lane's, and in-process pool's
         self._urgent = ThreadPoolExecutor(max_workers=2, thread_name_prefix="preprocess-urgent")
+        setting, cpus = settings.worker.preprocess_processes, available_cpus()
+        self._processes = pool_processes(setting, cpus)
+        log.info("preprocessing pool: %d processes (%s)", self._processes, "worker.preprocess_processes"
+                 if setting is not None else f"{cpus:g} CPUs usable, less {WORKER_OWN_CPUS} for the worker itself")
         self._executor = self._new_executor()
 
     def _new_executor(self) -> Executor:
-        n = self._settings.worker.preprocess_processes
+        n = self._processes
         if n == 0:
             return ThreadPoolExecutor(max_workers=1, thread_name_prefix="preprocess")
         executor = ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn"),
@@ -137,18 +162,45 @@ class CpuPool:
 
     def submit(self, key: str, spec: InputSpec, *, page: int = 1, urgent: bool = False) -> Future[Prepared]:
         """Fetch the original ``key`` and prepare its page ``page`` (from 1: a PDF's page, a TIFF's frame)
-        for ``spec``: in the pool, or at once in-process when ``urgent``.
+        for ``spec``: in the pool, or at once in-process when ``urgent``. A PDF is fetched here, once for
+        all its pages (the first page of one waits for its download), and read from the local copy.
 
         The future's result is a ``Prepared``, whatever happened to the page (a page the original does
         not have: an InputError); the future itself fails only when the pool does (``BrokenProcessPool``:
         a process died) or is shut down.
         """
-        args = (key, page, spec, self._limits, self._preview_side)
-        if urgent or isinstance(self._executor, ThreadPoolExecutor):
-            executor = self._urgent if urgent else self._executor
-            return executor.submit(_prepare_key, *args, self._store)
-        return self._executor.submit(_prepare_key, *args)
+        t0 = time.perf_counter()
+        spool = self._spool if self._spool is not None and spooled_kind(key) else None
+        try:
+            local = spool.acquire(key) if spool is not None else None
+            args = (key, page, spec, self._limits, self._preview_side, local and str(local), time.perf_counter() - t0)
+            if urgent or isinstance(self._executor, ThreadPoolExecutor):
+                executor = self._urgent if urgent else self._executor
+                future = executor.submit(_prepare_key, *args, self._store, self._documents)
+            else:
+                future = self._executor.submit(_prepare_key, *args)
+        except PaperlaneError as exc:  # the store, while spooling
+            if spool is not None:
+                spool.release(key)
+            done: Future[Prepared] = Future()
+            done.set_result(Prepared(None, exc, time.perf_counter() - t0))
+            return done
+        except BaseException:
+            if spool is not None:
+                spool.release(key)
+            raise
+        if spool is not None:
+            future.add_done_callback(lambda _: spool.release(key))
+        return future
+
+    @property
+    def spool(self) -> Spool | None:
+        """The worker's local copies of PDFs (None when ``worker.document_cache_bytes`` is 0)."""
+        return self._spool
 
     def close(self) -> None:
         self._urgent.shutdown(wait=True, cancel_futures=True)
         self._executor.shutdown(wait=True, cancel_futures=True)
+        self._documents.close()
+        if self._spool is not None:
+            self._spool.close()

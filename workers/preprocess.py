@@ -17,6 +17,12 @@ rendered like such a scan is resized for the engine (never above 300 dpi unless 
 ``/Rotate`` applied (``pypdfium2.PdfPage.get_size()``), so a quad point (x, y) in original pixels is
 (x * width_pt / width, y * height_pt / height) points from the page's top-left corner.
 
+A scanned page (what it shows is one image, ``workers.pdfscan``) is not rendered: its image is
+taken from its own bytes (a grey or RGB JPEG decoded here at reduced scale as a JPEG file is, any
+other by PDFium at its own size) and placed as the render would place it, at the same size, so the
+engine sees the same picture for a third of the CPU. A worker keeps its PDFs open between pages
+(``open_pdf``, ``prepare_pdf_page``, ``workers.doccache``).
+
 A page is decoded once: the engine's input and a small grey preview, on which the annotated image
 is drawn after inference, both come from that one decode. For an A4 300 dpi JPEG, entropy decoding
 is most of the cost and cannot be cut (DCT-domain reduction saves the rest of the decode); a grey
@@ -29,6 +35,7 @@ from __future__ import annotations
 import ctypes
 import io
 import math
+import mmap
 import re
 import struct
 import warnings
@@ -44,6 +51,7 @@ from paperlane import filetypes
 from paperlane import pdfium as pdfium_lock
 from paperlane.errors import InputError, OutOfMemory
 from paperlane.models.engine import InputSpec, PreparedImage
+from paperlane.workers import pdfscan
 
 if TYPE_CHECKING:
     import pypdfium2
@@ -72,6 +80,7 @@ class Header:
     has_alpha: bool
     grey: bool = False  # no colour channels: decoding luminance only loses nothing
     orientation: int = 1  # EXIF orientation that ``decode`` applies itself (OpenCV applies the others)
+    mode: str = ""  # Pillow's mode for it: "L", "RGB", "CMYK", ...
 
 
 @dataclass
@@ -120,7 +129,7 @@ def read_header(data: bytes, limits: Limits) -> Header:
     if fmt == "JPEG" and not _jpeg_complete(data):
         raise InputError("truncated JPEG (the file ends before the image does)", stage=_STAGE)
     return Header(format=fmt, width=w, height=h, has_alpha=has_alpha,
-                  grey=mode in _GREY_MODES or mode.startswith("I;16"), orientation=orientation)
+                  grey=mode in _GREY_MODES or mode.startswith("I;16"), orientation=orientation, mode=mode)
 
 
 def _check_pixels(w: int, h: int, limits: Limits, *, what: str) -> None:
@@ -193,14 +202,17 @@ _REDUCED = {
 }
 
 
-def decode(data: bytes, header: Header, *, grayscale: bool = False, reduce: int = 1) -> np.ndarray:
-    """Decode to uint8 pixels (BGR, or one channel when ``grayscale``), EXIF orientation applied.
+def decode(data: bytes, header: Header, *, grayscale: bool = False, reduce: int = 1, exif: bool = True) -> np.ndarray:
+    """Decode to uint8 pixels (BGR, or one channel when ``grayscale``), EXIF orientation applied unless
+    not ``exif`` (a JPEG inside a PDF: PDF readers ignore it).
 
     ``reduce`` (1, 2, 4 or 8) decodes a JPEG at that fraction in the DCT domain. Alpha is
     composited on white.
     """
     buf = np.frombuffer(data, np.uint8)
     flags = cv2.IMREAD_UNCHANGED if header.has_alpha else _REDUCED[(grayscale, reduce)]
+    if not exif and flags != cv2.IMREAD_UNCHANGED:
+        flags |= cv2.IMREAD_IGNORE_ORIENTATION
     try:
         img = cv2.imdecode(buf, flags)
     except cv2.error as exc:  # OpenCV's own limits and assertions, beyond what the header showed us
@@ -225,7 +237,11 @@ def dct_reduction(header: Header, spec: InputSpec) -> int:
     if header.format != "JPEG" or header.has_alpha:
         return 1
     tw, _ = target_size(header.width, header.height, spec)
-    scale = tw / header.width
+    return _reduction(tw / header.width, spec)
+
+
+def _reduction(scale: float, spec: InputSpec) -> int:
+    """The largest JPEG decode reduction that still gives ``spec.min_decode_ratio`` of a ``scale`` resize."""
     for k in (8, 4, 2):
         if 1 / k >= scale * spec.min_decode_ratio:
             return k
@@ -269,15 +285,29 @@ def prepare_page(data: bytes, spec: InputSpec, limits: Limits = Limits(), *, pag
     among them), and OutOfMemory (retryable) when memory runs out.
     """
     _check_file_size(data, limits)
+    if filetypes.is_pdf(data):
+        return _prepared(lambda: render_pdf_page(data, page, spec, limits), spec, page=page,
+                         preview_side=preview_side, at_engine_size=True)
+    return _prepared(lambda: _decoded(data, page, spec, limits), spec, page=page, preview_side=preview_side,
+                     at_engine_size=False)
+
+
+def prepare_pdf_page(pdf: PdfFile, spec: InputSpec, limits: Limits = Limits(), *, page: int = 1,
+                     preview_side: int = 0) -> PreparedPage:
+    """Page ``page`` of a PDF already open (``open_pdf``): as ``prepare_page`` does it from the PDF's bytes."""
+    return _prepared(lambda: pdf_page_pixels(pdf, page, spec, limits), spec, page=page, preview_side=preview_side,
+                     at_engine_size=True)
+
+
+def _prepared(pixels: Callable[[], tuple[np.ndarray, int, int]], spec: InputSpec, *, page: int, preview_side: int,
+              at_engine_size: bool) -> PreparedPage:
+    """The page ``pixels()`` gives (its pixels, its width and height in original pixels), prepared for
+    ``spec``; ``at_engine_size``: they are at the engine's size already (a PDF page)."""
     if page < 1:
         raise InputError(f"no page {page} (pages are numbered from 1)", stage=_STAGE)
     try:
-        if filetypes.is_pdf(data):
-            img, width, height = render_pdf_page(data, page, spec, limits)
-            pad = (0, 0)  # rendered at the engine's size
-        else:
-            img, width, height = _decoded(data, page, spec, limits)
-            img, pad = _fit(img, spec)
+        img, width, height = pixels()
+        img, pad = (img, (0, 0)) if at_engine_size else _fit(img, spec)
         preview = grey_preview(img, preview_side) if preview_side else None
         image = _engine_input(img, pad, spec, width, height)
     except cv2.error as exc:
@@ -364,36 +394,78 @@ def _on_white(img: np.ndarray) -> np.ndarray:
     return (img[:, :, :3] * alpha + 255.0 * (1.0 - alpha)).astype(np.uint8)
 
 
-def render_pdf_page(data: bytes, page: int, spec: InputSpec, limits: Limits) -> tuple[np.ndarray, int, int]:
-    """Page ``page`` (from 1) of a PDF rendered at the engine's size (grey when ``spec.grayscale``, else
-    BGR), and the page's size in original pixels (at ``PDF_DPI``, see the module docstring).
+@dataclass
+class PdfFile:
+    """A PDF opened by PDFium, and the index of its image dictionaries (``workers.pdfscan.ImageDicts``).
 
-    Raises InputError for an unreadable or encrypted PDF, a page it does not have, and, before
-    rendering, a page whose engine-sized render or one of whose images would exceed ``limits.max_pixels``.
+    Use it holding ``PDFIUM_LOCK``; ``close`` it when done.
+    """
+
+    pdf: pypdfium2.PdfDocument
+    image_dicts: pdfscan.ImageDicts
+
+    def close(self) -> None:
+        with PDFIUM_LOCK:
+            self.pdf.close()
+
+
+def open_pdf(source: bytes | str, *, contents: Callable[[], bytes | mmap.mmap] | None = None) -> PdfFile:
+    """Open a PDF from its bytes or a file path (PDFium then reads what each page needs, when it needs it).
+
+    ``contents``: the file's bytes for the image dictionary index, read when it is first needed
+    (default: ``source`` itself when it is bytes). Raises InputError for an unreadable or encrypted PDF.
     """
     import pypdfium2 as pdfium
 
     with PDFIUM_LOCK:
         try:
-            pdf = pdfium.PdfDocument(data)
+            pdf = pdfium.PdfDocument(source)
         except pdfium.PdfiumError as exc:
             raise _pdf_error(exc) from None
+    if contents is None:
+        if not isinstance(source, bytes):
+            raise TypeError("open_pdf: a path needs its contents")
+        data = source
+        contents = lambda: data  # noqa: E731
+    return PdfFile(pdf=pdf, image_dicts=pdfscan.ImageDicts(contents))
+
+
+def render_pdf_page(data: bytes, page: int, spec: InputSpec, limits: Limits) -> tuple[np.ndarray, int, int]:
+    """Page ``page`` (from 1) of a PDF at the engine's size (grey when ``spec.grayscale`` or when it is one
+    grey image, else BGR), and the page's size in original pixels (at ``PDF_DPI``, see the module docstring).
+
+    A scanned page (one image, see ``workers.pdfscan``) is its image decoded and placed as a render
+    would show it; any other page is rendered by PDFium. Raises InputError for an unreadable or
+    encrypted PDF, a page it does not have, and, before decoding or rendering, a page whose
+    engine-sized render or one of whose images would exceed ``limits.max_pixels``.
+    """
+    pdf = open_pdf(data)
+    try:
+        return pdf_page_pixels(pdf, page, spec, limits)
+    finally:
+        pdf.close()
+
+
+def pdf_page_pixels(pdf: PdfFile, page: int, spec: InputSpec, limits: Limits) -> tuple[np.ndarray, int, int]:
+    """``render_pdf_page`` for a PDF already open."""
+    import pypdfium2 as pdfium
+
+    with PDFIUM_LOCK:
         try:
-            count = len(pdf)
+            count = len(pdf.pdf)
             if not 1 <= page <= count:
                 raise InputError(f"no page {page} in this PDF ({count} page{'s' * (count != 1)})", stage=_STAGE)
-            pdf_page = pdf[page - 1]
+            pdf_page = pdf.pdf[page - 1]
             try:
-                return _render(pdf_page, page, spec, limits)
+                return _render(pdf_page, page, spec, limits, pdf.image_dicts)
             finally:
                 pdf_page.close()
         except pdfium.PdfiumError as exc:
             raise InputError(f"unreadable PDF page {page} ({_pdfium_reason(exc)})", stage=_STAGE) from None
-        finally:
-            pdf.close()
 
 
-def _render(pdf_page: pypdfium2.PdfPage, page: int, spec: InputSpec, limits: Limits) -> tuple[np.ndarray, int, int]:
+def _render(pdf_page: pypdfium2.PdfPage, page: int, spec: InputSpec, limits: Limits,
+            image_dicts: pdfscan.ImageDicts) -> tuple[np.ndarray, int, int]:
     import pypdfium2 as pdfium
     import pypdfium2.raw as pdfium_c
 
@@ -406,6 +478,9 @@ def _render(pdf_page: pypdfium2.PdfPage, page: int, spec: InputSpec, limits: Lim
         raise InputError(f"PDF page {page} too large to render ({tw}x{th} = {tw * th / 1e6:.0f} MP at the engine's "
                          f"size, limit {limits.max_pixels / 1e6:.0f} MP)", stage=_STAGE)
     _check_page_images(pdf_page, page, limits)
+    scanned = scanned_pixels(pdf_page, (tw, th), spec, limits, image_dicts)
+    if scanned is not None:
+        return scanned, width, height
     grey = spec.grayscale
     bitmap = pdfium.PdfBitmap.new_native(tw, th, format=pdfium_c.FPDFBitmap_Gray if grey else pdfium_c.FPDFBitmap_BGR)
     try:
@@ -418,6 +493,61 @@ def _render(pdf_page: pypdfium2.PdfPage, page: int, spec: InputSpec, limits: Lim
     finally:
         bitmap.close()
     return img, width, height
+
+
+def scanned_pixels(pdf_page: pypdfium2.PdfPage, size: tuple[int, int], spec: InputSpec, limits: Limits,
+                   image_dicts: pdfscan.ImageDicts) -> np.ndarray | None:
+    """The page's one image placed as a render of ``size`` shows it (see ``workers.pdfscan``): a JPEG
+    decoded here at reduced scale, any other image by PDFium at its own size. None: render the page."""
+    image = pdfscan.lone_image(pdf_page, size)
+    if image is None or image_dicts.hidden(image):
+        return None
+    # A grey or RGB JPEG that is the picture as it is (its colour transform left to the JPEG, for colour):
+    # decoded here, reduced; any other image (CMYK, a palette, CCITT, JBIG2, JPEG 2000, Flate) by PDFium.
+    ours = image.filters == ("DCTDecode",) and (image.components == 1 or image.components == 3
+                                                and not image_dicts.colour_transform(image))
+    img = _stored_jpeg(image, spec, limits) if ours else pdfscan.image_bitmap(image)
+    if img is None:
+        return None
+    if spec.grayscale and img.ndim == 3:
+        img = cv2.cvtColor(img, cv2.COLOR_BGR2GRAY)
+    return _placed(img, image.placement, size)
+
+
+def _stored_jpeg(image: pdfscan.LoneImage, spec: InputSpec, limits: Limits) -> np.ndarray | None:
+    """A PDF's JPEG image decoded as the JPEG path decodes a file (DCT reduction for its placed scale),
+    EXIF orientation ignored as PDF readers do; None when it is not the plain grey or RGB JPEG its
+    dictionary says, or OpenCV cannot decode it (PDFium may still draw what it can)."""
+    try:
+        header = read_header(image.raw, limits)
+        if (header.format != "JPEG" or header.mode != ("L" if image.components == 1 else "RGB")
+                or (header.width, header.height) != (image.width, image.height)):
+            return None
+        reduce = _reduction(image.placement.scale(image.width, image.height), spec)
+        return decode(image.raw, header, grayscale=spec.grayscale or header.grey, reduce=reduce, exif=False)
+    except InputError:
+        return None
+
+
+def _placed(img: np.ndarray, placement: pdfscan.Placement, size: tuple[int, int]) -> np.ndarray | None:
+    """``img`` turned and scaled into ``placement.rect`` of a white page of ``size``, as PDFium draws it;
+    None when it is four times the page or more (a crop box on a detail: rendering costs less)."""
+    if placement.transpose:
+        img = cv2.transpose(img)
+    if placement.flip_x or placement.flip_y:
+        img = cv2.flip(img, -1 if placement.flip_x and placement.flip_y else 1 if placement.flip_x else 0)
+    tw, th = size
+    x0, y0, x1, y1 = (round(v) for v in placement.rect)
+    if (x0, y0, x1, y1) == (0, 0, tw, th):  # the usual scan: the image is the page
+        return _resized(img, tw, th)
+    if (x1 - x0) * (y1 - y0) > 4 * tw * th:
+        return None
+    page = np.full((th, tw, *img.shape[2:]), 255, np.uint8)
+    left, top, right, bottom = max(0, x0), max(0, y0), min(tw, x1), min(th, y1)
+    if right > left and bottom > top:
+        scaled = _resized(img, x1 - x0, y1 - y0)
+        page[top:bottom, left:right] = scaled[top - y0:bottom - y0, left - x0:right - x0]
+    return page
 
 
 def _check_page_images(pdf_page: pypdfium2.PdfPage, page: int, limits: Limits) -> None:
@@ -474,10 +604,18 @@ def _fit(img: np.ndarray, spec: InputSpec) -> tuple[np.ndarray, tuple[int, int]]
     w, h = target_size(ow, oh, spec)
     if (w, h) == (ow, oh):
         return img, (0, 0)
-    # What DCT reduction left is a mild factor: bilinear is 8x cheaper than area averaging and
-    # as good above 1/2; below that (PNG, TIFF: no DCT reduction) area averaging avoids aliasing.
-    interp = cv2.INTER_AREA if w < ow / 2 else (cv2.INTER_LINEAR if w < ow else cv2.INTER_CUBIC)
-    return cv2.resize(img, (w, h), interpolation=interp), (0, 0)
+    return _resized(img, w, h), (0, 0)
+
+
+def _resized(img: np.ndarray, w: int, h: int) -> np.ndarray:
+    """``img`` resized to w x h."""
+    ow = img.shape[1]
+    # What DCT reduction left is a mild factor, down or (a PDF page drawn at its render size) up:
+    # bilinear is 8x cheaper than area averaging and as good above 1/2, and as good as bicubic below
+    # 5/4; beyond those (PNG, TIFF: no DCT reduction; a small image) area averaging avoids aliasing
+    # and bicubic keeps edges.
+    interp = cv2.INTER_AREA if w < ow / 2 else (cv2.INTER_LINEAR if w < ow * 1.25 else cv2.INTER_CUBIC)
+    return cv2.resize(img, (w, h), interpolation=interp)
 
 
 def _padding(width: int, height: int, spec: InputSpec) -> tuple[int, int] | None:
@@ -496,10 +634,14 @@ def grey_preview(img: np.ndarray, side: int) -> np.ndarray:
     """A grey copy of ``img`` at most ``side`` px on its longer side: what the annotated image is drawn on."""
     h, w = img.shape[:2]
     fit = side / max(w, h)
+    while fit < 0.5 and min(w, h) >= 2:
+        # Halved by area averaging, which OpenCV does 12x faster at a whole factor than at any other
+        # (a 2048-px PDF page to a 1000-px preview: 0.6 ms, not 7.5); an odd last row or column is dropped.
+        h, w, fit = h // 2, w // 2, fit * 2
+        img = cv2.resize(img[: 2 * h, : 2 * w], (w, h), interpolation=cv2.INTER_AREA)
     if fit < 1.0:
         # Bilinear at 1/2 or more averages like area averaging, at a fraction of its cost.
-        interp = cv2.INTER_LINEAR if fit >= 0.5 else cv2.INTER_AREA
-        img = cv2.resize(img, (max(1, round(w * fit)), max(1, round(h * fit))), interpolation=interp)
+        img = cv2.resize(img, (max(1, round(w * fit)), max(1, round(h * fit))), interpolation=cv2.INTER_LINEAR)
     return cv2.cvtColor(img, cv2.COLOR_BGR2GRAY) if img.ndim == 3 else img
 
 
