@@ -3,7 +3,8 @@
 Its default models ship inside the ``rapidocr`` wheel, so it runs anywhere with nothing to
 download. The angle classifier stays OFF: on clean horizontal text it flips lines and reads
 them as garbage (see shared/notes/ocr-engines.md). It reads lines only, so every task is
-answered from the spotted lines: ``text`` and ``parse`` get the lines in reading order.
+answered from the spotted lines: ``text`` and ``parse`` get the lines in reading order. A page's
+confidence is its lines' scores weighted by their length.
 """
 
 from __future__ import annotations
@@ -19,14 +20,16 @@ import numpy as np
 
 from paperlane.errors import EngineError, InputError, UsageError
 from paperlane.models.engine import Capacity, EngineOutput, EngineRequest, InputSpec, Outcome
+from paperlane.models.quality import grade, line_confidence
 from paperlane.schemas import EngineInfo, Line, Task
 
 log = logging.getLogger(__name__)
 
 
 class RapidEngine:
-    def __init__(self, *, max_side: int = 2000) -> None:
+    def __init__(self, *, max_side: int = 2000, min_confidence: float = 0.8) -> None:
         self._max_side = max_side
+        self._min_confidence = min_confidence
         self._ocr: Any = None
         self._info = EngineInfo(name="rapidocr", version=version("rapidocr"), model="PP-OCR (bundled)")
 
@@ -63,7 +66,7 @@ class RapidEngine:
         return [self._one(req) for req in requests]
 
     def _one(self, req: EngineRequest) -> Outcome:
-        if req.spec.task in (Task.FIELDS, Task.TRANSLATE):
+        if not req.spec.task.reads_text:
             return InputError(f"the rapidocr engine cannot do the {req.spec.task.value} task; "
                               "use a VLM engine (--engine vllm)", stage="inference")
         pixels = req.image.pixels
@@ -78,8 +81,10 @@ class RapidEngine:
             return EngineError(f"rapidocr failed: {type(exc).__name__}", stage="inference")
         lines = _lines(out, scale)
         text = "\n".join(ln.text for ln in lines)
-        return EngineOutput(text=text, lines=lines, markdown=text if req.spec.task is Task.PARSE else None,
-                            seconds=time.perf_counter() - t0)
+        output = EngineOutput(text=text, lines=lines, markdown=text if req.spec.task is Task.PARSE else None,
+                              seconds=time.perf_counter() - t0)
+        output.quality = grade(output, confidence=line_confidence(lines), min_confidence=self._min_confidence)
+        return output
 
     def close(self) -> None:
         self._ocr = None

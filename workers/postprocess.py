@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 
+from paperlane.metrics import PAGE_FLAGS, PAGES_GRADED
 from paperlane.models.engine import EngineOutput, PreparedImage
-from paperlane.schemas import EngineInfo, JobStatus, Line, PageResult, TaskSpec
+from paperlane.models.quality import grade
+from paperlane.schemas import EngineInfo, JobStatus, Line, PageResult, Quality, TaskSpec
 
 
 def to_original(lines: list[Line], image: PreparedImage, size: tuple[int, int] | None = None) -> list[Line]:
@@ -51,15 +53,25 @@ def reading_order(lines: list[Line]) -> list[Line]:
 def build_result(*, job_id: str, source: str, page: int, spec: TaskSpec, output: EngineOutput,
                  image: PreparedImage, size: tuple[int, int], engine: EngineInfo) -> PageResult:
     """The succeeded page result for a page of ``size`` (width, height) original pixels; ``text``
-    follows the reading order when the engine gave lines."""
+    follows the reading order when the engine gave lines. ``engine`` is the worker's, unless another one
+    read the page (a fallback); the quality is the engine's grade (an output without one is graded on
+    what it shows), counted in the ``paperlane_page_flags`` and ``paperlane_pages_graded`` metrics."""
     lines = reading_order(to_original(output.lines, image, size))
     text = "\n".join(ln.text for ln in lines) if lines and _text_is_lines(output) else output.text
+    quality = output.quality or grade(output, confidence=None, min_confidence=0.0)
+    _count(quality)
     return PageResult(
         job_id=job_id, source=source, page=page, status=JobStatus.SUCCEEDED, task=spec.task,
         text=text, lines=lines, markdown=output.markdown, fields=output.fields,
         missing_fields=output.missing_fields, truncated=output.truncated,
-        width=size[0], height=size[1], engine=engine, usage=output.usage,
+        width=size[0], height=size[1], engine=output.engine or engine, usage=output.usage, quality=quality,
     )
+
+
+def _count(quality: Quality) -> None:
+    for flag in quality.flags:
+        PAGE_FLAGS.labels(flag.value).inc()
+    PAGES_GRADED.labels(str(quality.needs_review).lower()).inc()
 
 
 def _text_is_lines(output: EngineOutput) -> bool:
