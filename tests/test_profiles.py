@@ -90,7 +90,8 @@ def test_hunyuan_15_prompts_are_its_locked_official_ones() -> None:
         "提取文档图片中正文的所有信息用markdown格式表示，其中页眉、页脚部分忽略，表格用html格式表达，文档中公式用"
         "latex格式表示，按照阅读顺序组织进行解析。")
     assert profile.prompt(SPOT) == (
-        "检测并识别图中所有的文字行，请按从上到下、从左到右的阅读顺序进行识别。 输出格式为 JSON 数组，每个元素必须包含："
+        "检测并识别图中所有的文字行，请按从上到下、从左到右的阅读顺序进行识别。 "
+        "输出格式为 JSON 数组，每个元素必须包含："
         '"box": [xmin, ymin, xmax, ymax]（坐标需归一化到 [0, 1000] 范围内）；"text": "识别出的文字内容"。 '
         "注意：请直接输出 JSON 数组，不要包含任何多余的描述性文字。")
     assert profile.prompt(TaskSpec(task=Task.TEXT)) == "提取图中的文字。"
@@ -436,7 +437,8 @@ def test_15_chart_answer_keeps_its_mermaid_fence() -> None:
 
 
 def test_15_translation_answer_is_text() -> None:
-    assert _read(Task.TRANSLATE, "Invoice number 42609332\nTotal 77.10\n").text == "Invoice number 42609332\nTotal 77.10"
+    out = _read(Task.TRANSLATE, "Invoice number 42609332\nTotal 77.10\n")
+    assert out.text == "Invoice number 42609332\nTotal 77.10"
 
 
 def test_15_doc_parse_is_normalised_and_10_is_not() -> None:
