@@ -8,20 +8,27 @@ bookkeeping (requests per page, tokens decoded by outcome, running sequences) an
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from paperlane.models.engine import EngineOutput, EngineRequest, Outcome
 from paperlane.models.vllm_server import VllmServerEngine
+from paperlane.priority.lanes import Lane
 from paperlane.schemas import QualityFlag, Task, TaskSpec
 from paperlane.settings import EngineSettings, LoopGuardSettings
 from paperlane.workers.preprocess import prepare
 from tests.pages import render_page, sample_lines
+from tests.services import free_port
 from tests.sim_engine import SimEngine, start_sim_engine
 from tests.sim_shape import Behaviour
+from tests.test_scheduling import Producer
 
 LOOPS = Behaviour(loop_share=1.0)  # every page loops at the usual penalty; a retry at 1.15 is clean
 STUBBORN = Behaviour(loop_share=1.0, stubborn_share=1.0)  # every page loops whatever the penalty
@@ -153,3 +160,84 @@ def test_many_pages_at_once_each_get_their_own_outcome(sim: Callable[..., SimEng
         assert o.usage.engine_calls == (2 if retried else 1)
         assert o.quality.needs_review == (QualityFlag.FALLBACK in o.quality.flags or QualityFlag.LOOP_STOPPED
                                           in o.quality.flags)
+
+
+# --- through a worker ---------------------------------------------------------------------------------------
+
+
+def test_through_a_worker_a_looping_page_is_one_attempt_and_its_engine_calls_are_counted(
+        stack_factory, worker_factory, tmp_path: Path) -> None:  # noqa: ANN001
+    port = free_port()
+    stack = stack_factory(METRICS__PORT=str(port))
+    engine = start_sim_engine(tmp_path / "engine", shape="fast", scheduling_policy="priority",
+                              behaviour=Behaviour(loop_share=1.0, stubborn_share=0.5))
+    try:
+        producer = Producer(stack)
+        ids = producer.submit(range(6), Lane.BATCH)
+        worker_factory(stack, "--engine", "vllm", "--engine-url", engine.url)
+        rows = producer.wait(ids, timeout=120)
+        results = {job_id: json.loads(producer.store.get(row.result_key)) for job_id, row in rows.items()}  # type: ignore[arg-type]
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        stats = engine.stats()
+    finally:
+        engine.stop()
+    kinds = set()
+    for job_id, row in rows.items():
+        result = results[job_id]
+        assert row.status == "succeeded" and row.attempts == 1, (row.status, row.error)  # stop and retry: one attempt
+        assert result["usage"]["engine_calls"] == 2 and result["usage"]["abandoned_tokens"] > 0
+        flags = result["quality"]["flags"]
+        if "fallback" in flags:
+            assert flags == ["retried", "fallback"] and result["quality"]["needs_review"]
+            assert result["engine"]["name"] == "rapidocr" and result["engine"]["fallback_for"] == "vllm"
+            assert row.engine.startswith("rapidocr ") and row.engine.endswith("fallback for vllm")  # type: ignore[union-attr]
+        else:
+            assert flags == ["retried"] and not result["quality"]["needs_review"]
+            assert result["engine"]["name"] == "vllm" and row.engine.startswith("vllm ")  # type: ignore[union-attr]
+        kinds.add(tuple(flags))
+    assert kinds == {("retried",), ("retried", "fallback")}
+    assert stats["requests"] == sum(r["usage"]["engine_calls"] for r in results.values()) == 12
+    assert sorted(stats["per_image"].values()) == [2] * 6  # each page: its loop stopped, one retry
+    assert 'paperlane_page_flags_total{flag="retried"} 6.0' in metrics
+    assert 'paperlane_pages_graded_total{needs_review="false"}' in metrics
+    abandoned = float(metrics.split('paperlane_engine_tokens_total{outcome="abandoned"} ')[1].split()[0])
+    assert abandoned == sum(r["usage"]["abandoned_tokens"] for r in results.values())
+
+
+def test_a_kept_answer_keeps_its_grade_and_engine(redis_service) -> None:  # noqa: ANN001
+    from paperlane.schemas import EngineInfo, Quality
+    from paperlane.workers.answers import EngineAnswers
+
+    answers = EngineAnswers(redis_service.url)
+    try:
+        flags = {QualityFlag.RETRIED, QualityFlag.FALLBACK}
+        out = EngineOutput(text="read by the fallback", quality=Quality.grade(flags, 0.91),
+                           engine=EngineInfo(name="rapidocr", version="3", fallback_for="vllm"))
+        answers.put("job-kept", out)
+        kept = answers.get("job-kept")
+    finally:
+        answers.close()
+    assert kept is not None and kept.quality == out.quality and kept.quality.needs_review
+    assert kept.engine == out.engine
+
+
+def test_a_worker_killed_mid_stream_frees_its_sequences_and_loses_no_page(
+        stack_factory, worker_factory, tmp_path: Path) -> None:  # noqa: ANN001
+    stack = stack_factory(WORKER__LEASE="2")
+    # The real shape: a page streams for a second or more, so the kill lands mid-answer.
+    engine = start_sim_engine(tmp_path / "engine", shape="h200-hunyuanocr", scheduling_policy="priority")
+    try:
+        producer = Producer(stack)
+        ids = producer.submit(range(4), Lane.BATCH)
+        vllm = ("--engine", "vllm", "--engine-url", engine.url)
+        doomed = worker_factory(stack, *vllm, name="doomed")
+        engine.wait_for(lambda s: s["running"] >= 2 and s["tokens"]["completed"] == 0, timeout=60)
+        os.killpg(doomed.proc.pid, signal.SIGKILL)
+        stats = engine.wait_for(lambda s: s["running"] == 0, timeout=2)  # the connections dropped: aborted at once
+        assert stats["aborted"] >= 2 and stats["tokens"]["abandoned"] > 0
+        worker_factory(stack, *vllm, name="heir")
+        rows = producer.wait(ids, timeout=120)
+    finally:
+        engine.stop()
+    assert all(r.status == "succeeded" for r in rows.values())
+    assert max(r.attempts for r in rows.values()) == 2  # the killed attempts counted once each
