@@ -80,6 +80,11 @@ class VllmInprocessEngine(VlmEngineBase):
         """The ``max_tokens`` of each page: the configured one, within the model's ``max_model_len`` once started."""
         return self._max_tokens
 
+    @property
+    def unfinished_requests(self) -> int:
+        """Requests the engine holds now (an abandoned answer's is gone at once); 0 before start."""
+        return int(self._engine.get_num_unfinished_requests()) if self._engine is not None else 0
+
     def start(self) -> None:
         if self._engine is not None:
             return

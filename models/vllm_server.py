@@ -250,12 +250,16 @@ def _refusal(resp: httpx.Response) -> PaperlaneError:
 
 async def _deltas(resp: httpx.Response) -> AsyncGenerator[Delta, None]:
     """The server-sent events of a streamed chat completion as ``Delta``s, until ``data: [DONE]``."""
+    done = False
+    # Read on past [DONE] to the body's end (the server ends it there): httpx's line reader then ends
+    # on its own instead of being left to the event loop's finaliser.
     async for line in resp.aiter_lines():
-        if not line.startswith("data:"):
+        if done or not line.startswith("data:"):
             continue
         data = line[5:].strip()
         if data == "[DONE]":
-            return
+            done = True
+            continue
         try:
             delta = _delta(json.loads(data))
         except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
