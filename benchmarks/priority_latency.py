@@ -1,13 +1,15 @@
 """Interactive latency with 10,000 batch pages queued, divided by interactive latency on an idle system.
 
-The engine is the simulated vLLM server (tests/sim_engine.py, a process of its own) with vLLM's
-shape: 16 slots x 0.32 s (50 pages/s), a waiting queue served by the request's ``priority``
-(``--scheduling-policy priority``). A real ``paperlane worker --engine vllm`` (Celery on Redis,
-Postgres, SeaweedFS S3, its CPU pool) drives it through the production client. Interactive pages
-are submitted one at a time through the real producer; latency is from the page being queued to
-its result stored (the job row's enqueued_at -> finished_at). First on an idle system, then with
---backlog batch pages queued ahead of them and a fresh worker keeping the engine saturated on
-that backlog (measured: the engine's busy share while the interactive pages ran is printed).
+The engine is the simulated vLLM server (tests/sim_engine.py, a process of its own) with a real model's
+shape by default (``h200-hunyuanocr``: 40 sequences sharing 12,000 tokens/s, ~20 pages/s, each page's answer
+its own length, median ~500 tokens, a tail to ~2,000), a waiting queue served by the request's ``priority``
+(``--scheduling-policy priority``); ``--fixed``: 16 slots x 0.32 s, every page alike. A real ``paperlane
+worker --engine vllm`` (Celery on Redis, Postgres, SeaweedFS S3, its CPU pool) drives it through the
+production client, keeping 80 pages at the engine. Interactive pages are submitted one at a time through the
+real producer; latency is from the page being queued to its result stored (the job row's enqueued_at ->
+finished_at). First on an idle system, then with --backlog batch pages queued ahead of them and a fresh worker
+keeping the engine saturated on that backlog (measured: the engine's decode capacity used, or busy share,
+while the interactive pages ran is printed). Every page is distinct, so each gets its own answer length.
 
 Last line: ``interactive_latency_ratio=<median loaded / median idle>`` (target <= 1.5).
 """
@@ -21,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import small_page, start_services, start_worker, stop, with_comment, write_config
+from common import ENGINE_SHAPE, MAX_IN_FLIGHT, small_page, start_services, start_worker, stop, write_config
 from sqlalchemy import func, select
 
 from paperlane.priority.broker import make_celery
@@ -49,7 +51,6 @@ class Submitter:
         self.db.upgrade()
         self.store = open_store(settings)
         self.publisher = CeleryPublisher(make_celery(settings))
-        self.page = small_page(0)
         self.n = 0
         self.rows: list[JobRow] = []
 
@@ -57,8 +58,8 @@ class Submitter:
         pages = []
         for _ in range(count):
             self.n += 1
-            pages.append(Document(source=f"p{self.n}.jpg", name=f"p{self.n}", ext=".jpg",
-                                  data=with_comment(self.page, self.n), page_count=1))
+            pages.append(Document(source=f"p{self.n}.jpg", name=f"p{self.n}", ext=".jpg", data=small_page(self.n),
+                                  page_count=1))
         return [s.job_id for s in submit_documents(pages, db=self.db, store=self.store, spec=TaskSpec(), lane=lane,
                                                    publisher=self.publisher)]
 
@@ -88,11 +89,17 @@ class Submitter:
 
 
 def engine_busy(before: dict[str, Any], after: dict[str, Any]) -> str:
-    """The engine's busy share between two stats snapshots, and what it had waiting."""
-    slot_seconds = after["slots"] * (after["now"] - before["now"])
-    share = (after["busy_slot_seconds"] - before["busy_slot_seconds"]) / slot_seconds
+    """The engine's use between two stats snapshots (decode capacity, or slot-seconds for the fixed engine),
+    and what it had waiting."""
+    seconds = after["now"] - before["now"]
+    if "decoded_tokens" in after:
+        share = (after["decoded_tokens"] - before["decoded_tokens"]) / (after["decode_tokens_per_s"] * seconds)
+        what = "decode capacity"
+    else:
+        share = (after["busy_slot_seconds"] - before["busy_slot_seconds"]) / (after["slots"] * seconds)
+        what = "slot-seconds"
     note = "" if share >= 0.9 else " (NOT saturated: the backlog did not keep the engine full)"
-    return (f"engine busy {share:.2f} of its slot-seconds{note}, {after['completed'] - before['completed']} pages "
+    return (f"engine used {share:.2f} of its {what}{note}, {after['completed'] - before['completed']} pages "
             f"done, peak {after['peak_waiting']} requests waiting at the server")
 
 
@@ -100,16 +107,21 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backlog", type=int, default=10_000, help="batch pages queued ahead")
     p.add_argument("--samples", type=int, default=15, help="interactive pages per measurement")
-    p.add_argument("--slots", type=int, default=16, help="the engine's sequences at once (vLLM --max-num-seqs)")
-    p.add_argument("--latency", type=float, default=0.32, help="seconds each page holds an engine slot")
+    p.add_argument("--fixed", action="store_true", help="the fixed-latency engine (--slots x --latency)")
+    p.add_argument("--slots", type=int, default=16, help="--fixed: the engine's sequences at once")
+    p.add_argument("--latency", type=float, default=0.32, help="--fixed: seconds each page holds an engine slot")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         svc = start_services(root)
-        sim = start_sim_engine(root / "sim", slots=args.slots, latency=args.latency, scheduling_policy="priority",
-                               max_model_len=MAX_MODEL_LEN)
+        if args.fixed:
+            sim = start_sim_engine(root / "sim", slots=args.slots, latency=args.latency, scheduling_policy="priority",
+                                   max_model_len=MAX_MODEL_LEN)
+        else:
+            sim = start_sim_engine(root / "sim", shape=ENGINE_SHAPE, scheduling_policy="priority",
+                                   max_model_len=MAX_MODEL_LEN)
         try:
-            config = write_config(svc, root)
+            config = write_config(svc, root, **({} if args.fixed else {"ENGINE__MAX_IN_FLIGHT": str(MAX_IN_FLIGHT)}))
             sub = Submitter(config)
             idle, idle_stages = measure_idle(sub, config, sim, root, args.samples)
             t0 = time.perf_counter()

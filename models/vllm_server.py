@@ -47,6 +47,10 @@ _STAGE = "inference"
 # Stands in for the image's data URL while the request body is JSON-encoded (see ``_post``).
 _IMAGE_SLOT = "\u0000paperlane-image\u0000"
 _IMAGE_SLOT_JSON = json.dumps(_IMAGE_SLOT).encode()
+# httpx's connection pool walks all its connections (polling each idle socket) on every request and every
+# release (encode/httpcore#1035, pydantic/httpx2#1169): with 80 pages at the server that was ~8 ms of a
+# worker's CPU per page. Pages are spread over pools of at most this many connections instead.
+_POOL_CONNECTIONS = 16
 
 
 class VllmServerEngine(VlmEngineBase):
@@ -58,7 +62,9 @@ class VllmServerEngine(VlmEngineBase):
         self._model = cfg.model
         self._version = "unknown"
         self._loop: LoopThread | None = None
-        self._client: httpx.AsyncClient | None = None
+        self._client: httpx.AsyncClient | None = None  # health, models, version; and the first pool for pages
+        self._pools: list[httpx.AsyncClient] = []
+        self._pool_load: list[int] = []  # answers streaming through each pool now
         self._slots: PriorityLimiter | None = None
         self._max_model_len: int | None = None
         self._max_tokens = cfg.max_tokens
@@ -97,8 +103,11 @@ class VllmServerEngine(VlmEngineBase):
         headers = {"Authorization": f"Bearer {self._cfg.api_key.get_secret_value()}"} if self._cfg.api_key else {}
         timeout = httpx.Timeout(self._cfg.request_timeout, connect=10.0)
         n = self._cfg.max_in_flight
-        limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
-        self._client = httpx.AsyncClient(headers=headers, timeout=timeout, limits=limits)
+        pools = -(-n // _POOL_CONNECTIONS)
+        limits = httpx.Limits(max_connections=-(-n // pools), max_keepalive_connections=-(-n // pools))
+        self._pools = [httpx.AsyncClient(headers=headers, timeout=timeout, limits=limits) for _ in range(pools)]
+        self._pool_load = [0] * pools
+        self._client = self._pools[0]
         self._slots = PriorityLimiter(self._cfg.max_in_flight)
         await self._wait_ready()
         served = await self._served_models()
@@ -156,9 +165,9 @@ class VllmServerEngine(VlmEngineBase):
         self._guard.close()
         if self._loop is None:
             return
-        if self._client is not None:
-            self._loop.run(self._client.aclose())
-            self._client = None
+        for pool in self._pools:
+            self._loop.run(pool.aclose())
+        self._pools, self._client = [], None
         self._loop.stop()
         self._loop = None
 
@@ -200,8 +209,10 @@ class VllmServerEngine(VlmEngineBase):
                 body["priority"] = req.priority
             else:
                 body.pop("priority", None)
+            pool = self._pool_load.index(min(self._pool_load))  # the least busy pool
+            self._pool_load[pool] += 1
             try:
-                async with self._client_stream(body, url) as resp:
+                async with self._client_stream(self._pools[pool], body, url) as resp:
                     if resp.status_code >= 400:
                         await resp.aread()
                         if "priority" in body and _refuses_priority(resp):
@@ -216,16 +227,17 @@ class VllmServerEngine(VlmEngineBase):
                                         stage=_STAGE) from exc
             except httpx.HTTPError as exc:
                 raise EngineUnavailable(f"vllm server unreachable ({type(exc).__name__})", stage=_STAGE) from exc
+            finally:
+                self._pool_load[pool] -= 1
 
-    def _client_stream(self, body: dict[str, Any], image_url: bytes) -> Any:
-        assert self._client is not None
+    def _client_stream(self, client: httpx.AsyncClient, body: dict[str, Any], image_url: bytes) -> Any:
         # The data URL (hundreds of kB of base64, which needs no JSON escaping) is spliced into the
         # encoded body instead of being run through the JSON encoder: that scan was a tenth of a
         # worker's busy time at 50 pages/s.
         raw = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
         raw = raw.replace(_IMAGE_SLOT_JSON, b'"' + image_url + b'"', 1)
-        return self._client.stream("POST", f"{self._base}/chat/completions", content=raw,
-                                   headers={"content-type": "application/json"})
+        return client.stream("POST", f"{self._base}/chat/completions", content=raw,
+                             headers={"content-type": "application/json"})
 
     def _stop_sending_priority(self, resp: httpx.Response) -> None:
         if not self._sends_priority:  # pages in flight together all hear the refusal: warn once

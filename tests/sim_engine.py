@@ -252,6 +252,8 @@ class SimServer:
         self.ideal: dict[tuple[str, str], int] = {}  # (image, task) -> tokens of its answer without a loop
         self.loop_pages: set[tuple[str, str]] = set()
         self.looped = 0  # requests whose answer looped
+        self.last_arrival: float | None = None  # the last request that reached the queue, and the tokens
+        self.decoded_at_last_arrival = 0.0  # decoded by then: the engine's work while it had requests coming
         self._n = itertools.count(1)
 
     async def handle(self, method: str, target: str, body: bytes) -> Response:
@@ -289,7 +291,9 @@ class SimServer:
         ``now``; times are epoch seconds. ``tokens``: tokens decoded by outcome (``completed``: answers sent
         to their end, ``abandoned``: answers whose client left mid-way); shaped engine: ``decoded_tokens`` (all,
         running ones up to the last tick), ``decode_tokens_per_s`` (its ceiling), ``capacity_used`` (decoded
-        over the ceiling since the first request started), ``decoding`` (running sequences past prefill).
+        over the ceiling since the first request started), ``decoding`` (running sequences past prefill),
+        ``last_arrival`` and ``decoded_at_last_arrival`` (when the last request came, and the tokens decoded
+        by then: the engine's use while requests kept coming).
         ``ideal_tokens``: what the pages seen would cost without loops (each page and task once);
         ``loop_pages`` and ``looped``: pages that looped, requests that did. ``per_image``: requests that
         reached the queue by the sha1 of their image data URL, whatever became of them."""
@@ -307,7 +311,8 @@ class SimServer:
             shape, decoded = self.decode.shape, self.decode.decoded
             window = out["now"] - s.first_start if s.first_start is not None else 0.0
             out.update(decoded_tokens=round(decoded), decode_tokens_per_s=shape.decode_tokens_per_s,
-                       decoding=self.decode.decoding_now(),
+                       decoding=self.decode.decoding_now(), last_arrival=self.last_arrival,
+                       decoded_at_last_arrival=round(self.decoded_at_last_arrival),
                        capacity_used=round(decoded / (shape.decode_tokens_per_s * window), 4) if window else 0.0)
         if per_image:
             out["per_image"] = dict(self.per_image)
@@ -334,6 +339,8 @@ class SimServer:
                       temperature=body.get("temperature"), top_k=body.get("top_k"))
         if chat.image is not None:
             self.per_image[chat.image] += 1
+        self.last_arrival = record["arrival"]
+        self.decoded_at_last_arrival = self.decode.decoded if self.decode is not None else 0.0
         gen = self._generation(chat)
         record["looped"] = gen.loop_token is not None
         if chat.stream:
