@@ -198,7 +198,7 @@ def test_every_profiles_prompts_are_recognised(name: str) -> None:
 def test_the_shaped_engine_streams_answers_of_their_own_length_and_frees_an_abandoned_slot(
         sim: Callable[..., SimEngine]) -> None:
     engine = sim(shape="fast", slots=None)
-    stream = {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    stream: dict[str, Any] = {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True},
               "logprobs": True}
     lengths = []
     for page in range(3):
