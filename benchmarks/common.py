@@ -11,6 +11,8 @@ that process and its CPU pool, and ``group_cpu_seconds`` reads what they all spe
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import io
 import os
 import random
@@ -32,6 +34,7 @@ import psycopg2  # noqa: E402
 from PIL import Image, ImageDraw, ImageFont  # noqa: E402
 
 from paperlane.models.profiles import get_profile  # noqa: E402
+from paperlane.workers.preprocess import prepare  # noqa: E402
 from tests import services  # noqa: E402
 from tests.pages import WORDS  # noqa: E402
 
@@ -69,6 +72,15 @@ def stamped_scans(n: int, *, dpi: int = 300, bases: int = 8) -> Iterator[bytes]:
         ok, enc = cv2.imencode(".jpg", page, [cv2.IMWRITE_JPEG_QUALITY, 85])
         assert ok
         yield enc.tobytes()
+
+
+def engine_image_id(data: bytes) -> str:
+    """The simulated engine's name for a page: the sha1 of the data URL the vLLM client sends for it (the page
+    prepared as a worker prepares it for the HunyuanOCR profiles)."""
+    image = prepare(data, HUNYUAN_SPEC)
+    assert image.data is not None
+    url = b"data:" + (image.mime or "image/jpeg").encode() + b";base64," + base64.b64encode(image.data)
+    return hashlib.sha1(url).hexdigest()
 
 
 def with_comment(jpeg: bytes, n: int) -> bytes:

@@ -22,8 +22,6 @@ Last line: ``decode_tokens_vs_ideal=`` (guarded; target <= 1.10), the unguarded 
 from __future__ import annotations
 
 import argparse
-import base64
-import hashlib
 import json
 import subprocess
 import sys
@@ -34,11 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common import HUNYUAN_SPEC, MAX_IN_FLIGHT, PAPERLANE, stamped_scans
+from common import MAX_IN_FLIGHT, PAPERLANE, engine_image_id, stamped_scans
 
 from paperlane.models.degeneration import DegenerationDetector
 from paperlane.settings import LoopGuardSettings
-from paperlane.workers.preprocess import prepare
 from tests.answers import pieces, real_answers, repetitive_answers
 from tests.corpus import corpus_root
 from tests.sim_engine import start_sim_engine
@@ -75,7 +72,7 @@ def main() -> int:
         images: dict[str, str] = {}  # page stem -> sha1 of the data URL the worker sends for it
         for i, data in enumerate(stamped_scans(args.pages, dpi=args.dpi)):
             (src / f"scan{i:05d}.jpg").write_bytes(data)
-            images[f"scan{i:05d}"] = _image_id(data)
+            images[f"scan{i:05d}"] = engine_image_id(data)
         print(f"{args.pages} A4 scans at {args.dpi} dpi written and prepared in {time.perf_counter() - t0:.0f}s "
               f"(untimed)", flush=True)
         runs = [_run(name, root, src, behaviour, args.processes, guard) for name, guard in
@@ -88,15 +85,6 @@ def main() -> int:
     print(f"unguarded_decode_tokens_vs_ideal={unguarded.ratio:.3f}")
     print(f"decode_tokens_vs_ideal={guarded.ratio:.3f}")
     return 0
-
-
-def _image_id(data: bytes) -> str:
-    """The engine's name for a page: the sha1 of the data URL the vLLM client sends (the page prepared as the
-    worker prepares it for the HunyuanOCR profile)."""
-    image = prepare(data, HUNYUAN_SPEC)
-    assert image.data is not None
-    url = b"data:" + (image.mime or "image/jpeg").encode() + b";base64," + base64.b64encode(image.data)
-    return hashlib.sha1(url).hexdigest()
 
 
 def _run(name: str, root: Path, src: Path, behaviour: Behaviour, processes: int, guard: bool) -> Run:

@@ -232,9 +232,6 @@ class Generation:
     draw: PageDraw | None = None  # shaped engine: what it decided about the page
     loop_token: int | None = None  # the token the loop starts at, when it loops
 
-    def text(self, tokens: int) -> str:
-        return self.content[: tokens * CHARS_PER_TOKEN]
-
 
 class SimServer:
     """The routes; ``handle`` never raises (a bug is a 500 with its text, this is a test server)."""
