@@ -1,14 +1,18 @@
 """Shared by the benchmarks: realistic pages, the real services, real paperlane processes, their CPU time.
 
 The GPU is simulated by ``tests/sim_engine.py``, a separate OpenAI-compatible server with vLLM's
-shape (slots, a fixed time per request, a waiting queue), driven through the production
-``--engine vllm`` client: everything paperlane does around the model is real and measured.
+shape, driven through the production ``--engine vllm`` client: everything paperlane does around the
+model is real and measured. The engine has a real model's shape by default (``ENGINE_SHAPE``,
+tests/sim_shape.py: per-page answer lengths, a decode ceiling of ~20 pages/s, 40 sequences at once);
+``--fixed`` in the benchmarks that offer it keeps the older fixed-latency engine (slots x latency).
 Workers and ``paperlane run`` are started in sessions of their own, so each one's process group is
 that process and its CPU pool, and ``group_cpu_seconds`` reads what they all spent.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import io
 import os
 import random
@@ -17,6 +21,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,9 +38,12 @@ from paperlane.models.profiles import get_profile  # noqa: E402
 from paperlane.storage.db import Database  # noqa: E402
 from paperlane.storage.tables import JobRow  # noqa: E402
 from tests import services  # noqa: E402
-from tests.pages import WORDS  # noqa: E402
+from tests.pages import WORDS, prepare  # noqa: E402
 
 HUNYUAN_SPEC = get_profile("hunyuanocr-1.0").input_spec()
+ENGINE_SHAPE = "h200-hunyuanocr"  # tests/sim_shape.py: HunyuanOCR on one H200, about 20 pages/s
+# Pages a worker keeps at the shaped engine: its 40 sequences busy and as many waiting, by priority.
+MAX_IN_FLIGHT = 80
 
 
 def a4_scan(seed: int, *, dpi: int = 300, lines: int = 45) -> bytes:
@@ -53,6 +61,28 @@ def a4_scan(seed: int, *, dpi: int = 300, lines: int = 45) -> bytes:
     ok, enc = cv2.imencode(".jpg", np.clip(arr, 0, 255).astype(np.uint8), [cv2.IMWRITE_JPEG_QUALITY, 85])
     assert ok
     return enc.tobytes()
+
+
+def stamped_scans(n: int, *, dpi: int = 300, bases: int = 8) -> Iterator[bytes]:
+    """``n`` A4 scans, each with its number printed in a corner: distinct pixels, so the simulated engine
+    (which draws an answer from the image) gives each its own answer length, loop or not. Cheap: ``bases``
+    scans are drawn once, then each page is a copy with a stamp, encoded (~10 ms at 150 dpi)."""
+    base = [np.asarray(Image.open(io.BytesIO(a4_scan(i, dpi=dpi)))) for i in range(bases)]
+    for i in range(n):
+        page = base[i % bases].copy()
+        cv2.putText(page, f"No. {i}", (dpi // 2, dpi // 3), cv2.FONT_HERSHEY_SIMPLEX, dpi / 150, 30, max(1, dpi // 100))
+        ok, enc = cv2.imencode(".jpg", page, [cv2.IMWRITE_JPEG_QUALITY, 85])
+        assert ok
+        yield enc.tobytes()
+
+
+def engine_image_id(data: bytes) -> str:
+    """The simulated engine's name for a page: the sha1 of the data URL the vLLM client sends for it (the page
+    prepared as a worker prepares it for the HunyuanOCR profiles)."""
+    image = prepare(data, HUNYUAN_SPEC)
+    assert image.data is not None
+    url = b"data:" + (image.mime or "image/jpeg").encode() + b";base64," + base64.b64encode(image.data)
+    return hashlib.sha1(url).hexdigest()
 
 
 def with_comment(jpeg: bytes, n: int) -> bytes:

@@ -1,10 +1,17 @@
-"""How much of a GPU engine's speed the whole system delivers: throughput / the engine's own throughput.
+"""How much of a GPU engine's capacity the whole system uses: decode capacity used, and pages/s over the engine's.
 
-The engine is the simulated vLLM server (tests/sim_engine.py, a process of its own): --slots
-sequences at once, --latency seconds each, a waiting queue; 16 x 0.32 s = 50 pages/s by default.
-paperlane drives it through the production ``--engine vllm`` client, so base64, JSON, HTTP and
-answer parsing are inside the measurement, as are preprocessing, post-processing, rendering and
-storing.
+The engine is the simulated vLLM server (tests/sim_engine.py, a process of its own) with a real model's shape
+by default (``h200-hunyuanocr``: 40 sequences sharing a decode ceiling of 12,000 tokens/s, each page's answer its
+own length, median ~500 tokens: ~20 pages/s when saturated). paperlane drives it through the production
+``--engine vllm`` client, streaming every answer through the loop guard, so base64, JSON, HTTP, server-sent
+events and answer parsing are inside the measurement, as are preprocessing, post-processing, rendering and
+storing. Every scan is distinct (its number stamped on it), so each gets its own answer length. ``--fixed``: the
+older engine, --slots sequences at once, --latency seconds each (16 x 0.32 s = 50 pages/s).
+
+The engine's decode capacity used is the tokens it decoded over its ceiling x time, from its first request to
+the moment the last page reached it (while paperlane had pages left to give it: after that the engine only
+drains, at falling occupancy, whatever the client does); the same over the whole run to the last answer is
+printed beside it.
 
 Default: a real ``paperlane worker`` (Celery on Redis, Postgres, SeaweedFS S3, its CPU pool), all
 services on this machine. --pages A4 300 dpi scans are queued first (untimed); the clock runs from
@@ -22,7 +29,8 @@ process tree from its launch to its exit, from the first byte read: start-up, re
 every input, storing originals, and the document outputs included (``cpu_ms_per_page`` divides it by the
 pages).
 
-Last line: ``engine_utilisation=`` (``embedded_engine_utilisation=``) ``<system pages/s / engine pages/s>``.
+Last line: ``engine_utilisation=`` (``embedded_engine_utilisation=``): the decode capacity used (target >= 0.9);
+with ``--fixed``, ``<system pages/s / engine pages/s>`` as before.
 """
 
 from __future__ import annotations
@@ -39,6 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from common import (
+    ENGINE_SHAPE,
+    MAX_IN_FLIGHT,
     PAPERLANE,
     a4_scan,
     finished_jobs,
@@ -46,6 +56,7 @@ from common import (
     last_finished,
     machine_cpu,
     process_cpu,
+    stamped_scans,
     start_services,
     start_worker,
     stop,
@@ -100,9 +111,11 @@ class Window:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pages", type=int, default=1000, help="A4 300 dpi scans (1000: 20 s at 50 pages/s)")
-    p.add_argument("--slots", type=int, default=16, help="the engine's sequences at once (vLLM --max-num-seqs)")
-    p.add_argument("--latency", type=float, default=0.32, help="seconds each page holds an engine slot")
+    p.add_argument("--pages", type=int, default=1000, help="A4 300 dpi scans (1000: ~50 s at 20 pages/s)")
+    p.add_argument("--fixed", action="store_true", help="the fixed-latency engine (--slots x --latency) instead of "
+                   "the real model's shape")
+    p.add_argument("--slots", type=int, default=16, help="--fixed: the engine's sequences at once")
+    p.add_argument("--latency", type=float, default=0.32, help="--fixed: seconds each page holds an engine slot")
     p.add_argument("--processes", type=int, default=2, help="CPU preprocessing processes")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a paperlane setting as in the environment without the prefix, e.g. ENGINE__MAX_IN_FLIGHT=32")
@@ -111,11 +124,16 @@ def main() -> int:
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        scans = [a4_scan(i) for i in range(8)]
-        pages = (with_comment(scans[i % 8], i) for i in range(args.pages))
-        # Served as the README's `vllm serve` command: priority scheduling, so the client's priorities are accepted.
-        sim = start_sim_engine(root / "sim", slots=args.slots, latency=args.latency, scheduling_policy="priority",
-                               max_model_len=MAX_MODEL_LEN)
+        if args.fixed:  # every page alike: distinct bytes are enough
+            scans = [a4_scan(i) for i in range(8)]
+            pages: Iterator[bytes] = (with_comment(scans[i % 8], i) for i in range(args.pages))
+            sim = start_sim_engine(root / "sim", slots=args.slots, latency=args.latency, scheduling_policy="priority",
+                                   max_model_len=MAX_MODEL_LEN)
+        else:
+            pages = iter(list(stamped_scans(args.pages)))  # drawn before any clock starts
+            sim = start_sim_engine(root / "sim", shape=ENGINE_SHAPE, scheduling_policy="priority",
+                                   max_model_len=MAX_MODEL_LEN)
+            args.set = [f"ENGINE__MAX_IN_FLIGHT={MAX_IN_FLIGHT}", *args.set]
         try:
             window = run_embedded(args, root, pages, sim) if args.embedded else run_worker(args, root, pages, sim)
         finally:
@@ -204,14 +222,25 @@ def _window(pages: int, failed: int, start: Probe, end: Probe, sim: SimEngine) -
 def report(w: Window, sim: SimEngine, *, prefix: str) -> None:
     e = w.engine
     rate = w.pages / w.seconds
-    print(f"engine alone: {sim.rate:.2f} pages/s ({sim.slots} slots x {sim.latency:.2f}s)")
+    engine = (f"{sim.shape.name}: {sim.slots} sequences, {sim.shape.decode_tokens_per_s:,.0f} tokens/s" if sim.shape
+              else f"{sim.slots} slots x {sim.latency:.2f}s")
+    print(f"engine alone: {sim.rate:.2f} pages/s ({engine})")
     print(f"system:       {rate:.2f} pages/s ({w.pages} pages in {w.seconds:.1f}s, {w.failed} failed)")
     print(f"engine busy:  {e['busy_slot_seconds'] / (sim.slots * w.seconds):.3f} of its slot-seconds; "
           f"{e['requests']} requests, peak {e['peak_running']} running and {e['peak_waiting']} waiting")
     print(f"machine CPU:  {w.machine_busy:.0%} of {os.cpu_count()} cores busy over the window; the sim server "
           f"{w.engine_cpu_s * 1000 / max(1, e['requests']):.1f} ms per request")
     print(f"cpu_ms_per_page={w.cpu_s * 1000 / w.pages:.1f}")
-    print(f"{prefix}engine_utilisation={rate / sim.rate:.3f}")
+    if sim.shape is None:
+        print(f"{prefix}engine_utilisation={rate / sim.rate:.3f}")
+        return
+    ceiling, first = e["decode_tokens_per_s"], e["first_start"]
+    fed = e["decoded_at_last_arrival"] / (ceiling * (e["last_arrival"] - first))
+    whole = e["decoded_tokens"] / (ceiling * (e["last_end"] - first))
+    print(f"decode:       {e['decoded_tokens']:,} tokens; capacity used {fed:.3f} while pages kept coming "
+          f"({e['last_arrival'] - first:.1f}s), {whole:.3f} to the last answer ({e['last_end'] - first:.1f}s, "
+          f"the drain included); pages/s over the engine's nominal {rate / sim.rate:.3f}")
+    print(f"{prefix}engine_utilisation={fed:.3f}")
 
 
 def _print_stages(db: Database) -> None:

@@ -18,7 +18,7 @@ from typing import Literal, Protocol
 import numpy as np
 
 from paperlane.errors import PaperlaneError
-from paperlane.schemas import EngineInfo, Line, Point, TaskSpec, Usage
+from paperlane.schemas import EngineInfo, Line, Point, Quality, TaskSpec, Usage
 
 
 @dataclass(frozen=True)
@@ -110,6 +110,8 @@ class EngineOutput:
     usage: Usage | None = None
     raw: str | None = None  # the model's raw answer, where there is one
     seconds: float | None = None  # this page's own inference time, when the engine knows it
+    quality: Quality | None = None  # the engine's grade of this output (models/quality.py)
+    engine: EngineInfo | None = None  # set when another engine than the worker's read the page (a fallback)
 
 
 Outcome = EngineOutput | PaperlaneError

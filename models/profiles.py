@@ -5,8 +5,9 @@ such a model (the vLLM server client, in-process vLLM): which image size it want
 messages for each task, the sampling settings, and the parser that turns the raw answer into an
 ``EngineOutput``.
 
-    get_profile("hunyuanocr-1.0")   the default; Tencent HunyuanOCR 1.0
-    get_profile("hunyuanocr-1.5")   HunyuanOCR 1.5: stronger repetition penalty and clean-up
+    get_profile("hunyuanocr-1.0")   the default; Tencent HunyuanOCR 1.0, its English prompts
+    get_profile("hunyuanocr-1.5")   HunyuanOCR 1.5 as its authors serve it: their locked (Chinese) prompt per
+                                    task, JSON spotting, repetition penalty 1.08, doc-parse markdown normalised
     get_profile("generic")          other OCR VLMs (Qwen2-VL and kin): plain English prompts
 
 Spotting answers are read in either wire format, whatever the profile:
@@ -27,6 +28,7 @@ from typing import Any
 
 from paperlane.errors import EngineOutputError, UsageError
 from paperlane.models.engine import EngineOutput, InputSpec
+from paperlane.models.hunyuan_markdown import normalise_doc_parse
 from paperlane.schemas import Line, Point, Stage, Task, TaskSpec
 
 DEFAULT_PROFILE = "hunyuanocr-1.0"
@@ -36,13 +38,21 @@ _NORM = 1000.0  # boxes are normalised to 0..1000
 
 @dataclass(frozen=True)
 class Prompts:
-    """One prompt per task; ``{fields}`` and ``{target_language}`` are filled in from the ``TaskSpec``."""
+    """One prompt per task; ``{fields}`` and ``{target_language}`` are filled in from the ``TaskSpec``.
+
+    ``translate_to``: fixed prompts for some target languages (their names, casefolded), used instead of
+    the ``translate`` template.
+    """
 
     spotting: str
     parse: str
     text: str
     fields: str
     translate: str
+    table: str
+    formula: str
+    chart: str
+    translate_to: tuple[tuple[tuple[str, ...], str], ...] = ()
 
     def for_task(self, spec: TaskSpec) -> str:
         """The prompt for ``spec``, with the caller's keys or target language substituted."""
@@ -50,8 +60,15 @@ class Prompts:
             keys = "[" + ",".join(repr(key) for key in spec.fields) + "]"
             return self.fields.replace("{fields}", keys)
         if spec.task is Task.TRANSLATE:
-            return self.translate.replace("{target_language}", spec.target_language)
+            language = spec.target_language.strip().casefold()
+            fixed = next((prompt for names, prompt in self.translate_to if language in names), None)
+            return fixed or self.translate.replace("{target_language}", spec.target_language)
         return str(getattr(self, spec.task.value))
+
+    def templates(self) -> list[tuple[Task, str]]:
+        """Every prompt this set sends, by task; templates keep their ``{fields}``/``{target_language}``."""
+        found = [(task, str(getattr(self, task.value))) for task in Task]
+        return found + [(Task.TRANSLATE, prompt) for _, prompt in self.translate_to]
 
 
 @dataclass(frozen=True)
@@ -65,6 +82,10 @@ class Profile:
     clean_min_chars: int  # the repetition clean-up only looks at answers at least this long
     system_message: bool = True  # HunyuanOCR needs an empty system message
     lines_from_text: bool = False  # spotting without boxes: one box-less line per text line
+    top_k: int = 1  # greedy: 1, or -1 (off) where the model's authors send that with temperature 0
+    top_p: float | None = None
+    skip_special_tokens: bool = False  # sent explicitly (vLLM's default is True anyway)
+    normalise_markdown: bool = False  # parse answers get the official doc-parse normalisation
 
     def input_spec(self) -> InputSpec:
         """The size and encoding the model wants its pages in."""
@@ -85,14 +106,22 @@ class Profile:
         user = {"role": "user", "content": [image, {"type": "text", "text": self.prompt(spec)}]}
         return [{"role": "system", "content": ""}, user] if self.system_message else [user]
 
-    def sampling(self, spec: TaskSpec, *, max_tokens: int) -> dict[str, float | int]:
-        """Greedy decoding settings, usable as vLLM ``SamplingParams(**d)`` or an OpenAI request's body."""
-        return {
-            "temperature": 0.0,
-            "top_k": 1,
-            "repetition_penalty": self.repetition_penalty,
+    def sampling(self, spec: TaskSpec, *, max_tokens: int, repetition_penalty: float | None = None,
+                 temperature: float = 0.0) -> dict[str, float | int | bool]:
+        """Decoding settings, usable as vLLM ``SamplingParams(**d)`` or an OpenAI request's body: greedy, with
+        the profile's repetition penalty, unless a retry asks for a stronger penalty or a temperature
+        (which also lifts ``top_k``)."""
+        out: dict[str, float | int | bool] = {
+            "temperature": temperature,
+            "top_k": self.top_k if temperature == 0 else -1,
+            "repetition_penalty": self.repetition_penalty if repetition_penalty is None else repetition_penalty,
             "max_tokens": max_tokens,
         }
+        if self.top_p is not None:
+            out["top_p"] = self.top_p
+        if self.skip_special_tokens:
+            out["skip_special_tokens"] = True
+        return out
 
     def parse(
         self,
@@ -117,7 +146,17 @@ class Profile:
             out = EngineOutput(text="\n".join(line.text for line in lines), lines=lines)
         elif spec.task is Task.PARSE:
             markdown = strip_fence(answer)
+            markdown = normalise_doc_parse(markdown) if self.normalise_markdown else markdown
             out = EngineOutput(text=markdown_to_text(markdown), markdown=markdown)
+        elif spec.task is Task.TABLE:
+            table = strip_fence(answer)
+            out = EngineOutput(text=markdown_to_text(table), markdown=table)
+        elif spec.task is Task.FORMULA:
+            latex = formula_latex(answer)
+            out = EngineOutput(text=latex, markdown=f"$$\n{latex}\n$$" if latex else "")
+        elif spec.task is Task.CHART:
+            chart = answer.strip()  # a Mermaid flowchart keeps its ```mermaid fence: that is its markdown
+            out = EngineOutput(text=markdown_to_text(strip_fence(chart)), markdown=chart)
         elif spec.task is Task.FIELDS:
             fields, missing = parse_fields(answer, spec.fields, truncated=truncated)
             out = EngineOutput(fields=fields, missing_fields=missing)
@@ -157,6 +196,18 @@ def strip_fence(text: str) -> str:
 
 
 _FENCE = re.compile(r"```[\w-]*[ \t]*\n(.*?)\n?```", re.DOTALL)
+
+
+_MATH_DELIMITERS = (("$$", "$$"), ("\\[", "\\]"), ("\\(", "\\)"), ("$", "$"))
+
+
+def formula_latex(answer: str) -> str:
+    """The LaTeX of a formula answer: unfenced, without its outer math delimiters (``$$``, ``\\[``, ``$``)."""
+    latex = strip_fence(answer)
+    for start, end in _MATH_DELIMITERS:
+        if latex.startswith(start) and latex.endswith(end) and len(latex) >= len(start) + len(end):
+            return latex[len(start) : len(latex) - len(end)].strip()
+    return latex
 
 
 # --- spotting --------------------------------------------------------------------------------
@@ -298,6 +349,40 @@ _HUNYUAN_PROMPTS = Prompts(
         "ignore the header and footer. Formulas should be represented in LaTeX format, and tables should be "
         "represented in HTML format."
     ),
+    table="Parse the table in the image into HTML.",
+    formula="Identify the formula in the image and represent it using LaTeX format.",
+    chart="Parse the chart in the image; use Mermaid format for flowcharts and Markdown for other charts.",
+)
+
+# HunyuanOCR 1.5's official prompts, one per task type, locked by its authors (hand-edited instructions were
+# seen to degrade quality silently). Exact strings from Tencent-Hunyuan/HunyuanOCR inference/utils/tasks.py
+# (TASK_PROMPTS): doc_parse, spotting_json, structured_parse, table, formula, chart_parse, trans_other2en,
+# trans_other2zh. 1.5 has no information-extraction prompt: fields use 1.0's Chinese one (the repository
+# README's "Information Extraction" row), and translating into another language 1.0's English template.
+_HUNYUAN_15_PROMPTS = Prompts(
+    spotting=(
+        "检测并识别图中所有的文字行，请按从上到下、从左到右的阅读顺序进行识别。 "
+        "输出格式为 JSON 数组，每个元素必须包含："
+        '"box": [xmin, ymin, xmax, ymax]（坐标需归一化到 [0, 1000] 范围内）；'
+        '"text": "识别出的文字内容"。 '
+        "注意：请直接输出 JSON 数组，不要包含任何多余的描述性文字。"
+    ),
+    parse=(
+        "提取文档图片中正文的所有信息用markdown格式表示，其中页眉、页脚部分忽略，表格用html格式表达，"
+        "文档中公式用latex格式表示，按照阅读顺序组织进行解析。"
+    ),
+    text="提取图中的文字。",
+    fields="提取图片中的: {fields} 的字段内容，并按照 JSON 格式返回。",
+    translate=_HUNYUAN_PROMPTS.translate,
+    table="把图中的表格解析为HTML。",
+    formula="识别图片中的公式，用LaTeX格式表示。",
+    chart="解析图中的图表，对于流程图使用Mermaid格式表示，其他图表使用Markdown格式表示。",
+    translate_to=(
+        (("english", "en"),
+         "按照阅读顺序，提取图中文字，公式用latex格式表示，表格用markdown格式表示，再将文字内容翻译为英文。"),
+        (("chinese", "zh", "中文", "simplified chinese"),
+         "按照阅读顺序，提取图中文字，公式用latex格式表示，表格用markdown格式表示，再将文字内容翻译为中文。"),
+    ),
 )
 
 _GENERIC_PROMPTS = Prompts(
@@ -319,6 +404,12 @@ _GENERIC_PROMPTS = Prompts(
         "Extract the text in the image, then translate it into {target_language}. "
         "Output only the translation."
     ),
+    table="Convert the table in the image to an HTML table. Output only the HTML.",
+    formula="Write the formula in the image in LaTeX. Output only the LaTeX.",
+    chart=(
+        "Transcribe the chart in the image: a flowchart as a Mermaid diagram, any other chart as a markdown "
+        "table of its data. Output only that."
+    ),
 )
 
 _HUNYUAN_IMAGE = InputSpec(
@@ -331,8 +422,11 @@ PROFILES: dict[str, Profile] = {
         Profile(
             "hunyuanocr-1.0", _HUNYUAN_PROMPTS, _HUNYUAN_IMAGE, repetition_penalty=1.0, clean_min_chars=8000
         ),
+        # As the official 1.5 client sends it (inference/vLLM/infer_vllm_client.py): temperature 0, top_p 1,
+        # top_k -1, repetition_penalty 1.08, skip_special_tokens; its output clean-up from 2,000 characters.
         Profile(
-            "hunyuanocr-1.5", _HUNYUAN_PROMPTS, _HUNYUAN_IMAGE, repetition_penalty=1.08, clean_min_chars=2000
+            "hunyuanocr-1.5", _HUNYUAN_15_PROMPTS, _HUNYUAN_IMAGE, repetition_penalty=1.08, clean_min_chars=2000,
+            top_k=-1, top_p=1.0, skip_special_tokens=True, normalise_markdown=True,
         ),
         Profile(
             "generic",

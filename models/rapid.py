@@ -10,7 +10,8 @@ Word boxes: RapidOCR places each word of a line (each character of Chinese text)
 recogniser's character positions (``return_word_box``); they become each line's ``words``, one per
 run of text between spaces. A line whose boxes do not spell its text gets none here (the pipeline
 lays its words out along the line instead). RapidOCR's per-word scores are not used: it pairs the
-n-th word with the n-th character's score, so the words carry no confidence of their own.
+n-th word with the n-th character's score, so the words carry no confidence of their own. A page's
+confidence is its lines' scores weighted by their length.
 """
 
 from __future__ import annotations
@@ -26,14 +27,16 @@ import numpy as np
 
 from paperlane.errors import EngineError, InputError, UsageError
 from paperlane.models.engine import Capacity, EngineOutput, EngineRequest, InputSpec, Outcome
+from paperlane.models.quality import grade, line_confidence
 from paperlane.schemas import EngineInfo, Line, Point, Task, Word
 
 log = logging.getLogger(__name__)
 
 
 class RapidEngine:
-    def __init__(self, *, max_side: int = 2000) -> None:
+    def __init__(self, *, max_side: int = 2000, min_confidence: float = 0.8) -> None:
         self._max_side = max_side
+        self._min_confidence = min_confidence
         self._ocr: Any = None
         self._info = EngineInfo(name="rapidocr", version=version("rapidocr"), model="PP-OCR (bundled)")
 
@@ -71,7 +74,7 @@ class RapidEngine:
         return [self._one(req) for req in requests]
 
     def _one(self, req: EngineRequest) -> Outcome:
-        if req.spec.task in (Task.FIELDS, Task.TRANSLATE):
+        if not req.spec.task.reads_text:
             return InputError(f"the rapidocr engine cannot do the {req.spec.task.value} task; "
                               "use a VLM engine (--engine vllm)", stage="inference")
         pixels = req.image.pixels
@@ -86,8 +89,10 @@ class RapidEngine:
             return EngineError(f"rapidocr failed: {type(exc).__name__}", stage="inference")
         lines = _lines(out, scale)
         text = "\n".join(ln.text for ln in lines)
-        return EngineOutput(text=text, lines=lines, markdown=text if req.spec.task is Task.PARSE else None,
-                            seconds=time.perf_counter() - t0)
+        output = EngineOutput(text=text, lines=lines, markdown=text if req.spec.task is Task.PARSE else None,
+                              seconds=time.perf_counter() - t0)
+        output.quality = grade(output, confidence=line_confidence(lines), min_confidence=self._min_confidence)
+        return output
 
     def _read(self, pixels: np.ndarray) -> Any:
         try:

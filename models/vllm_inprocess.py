@@ -9,16 +9,21 @@ The engine schedules by priority (``scheduling_policy="priority"`` unless ``engi
 otherwise) and each page is submitted with its own priority, so an interactive page overtakes the
 batch backlog waiting inside the engine. ``max_tokens`` is kept within the model's ``max_model_len``;
 vLLM stops an answer where the context ends and it is flagged ``truncated``.
+
+Answers stream (``RequestOutputKind.DELTA``, with each token's log-probability when ``engine.logprobs``)
+through the loop guard (models/loop_guard.py), as the server client's do: a degenerate answer is aborted
+in the engine at once, then tried again or replaced by the embedded engine's reading.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -26,6 +31,7 @@ from paperlane.errors import EngineError, EngineUnavailable, PaperlaneError, Usa
 from paperlane.models.aio import LoopThread
 from paperlane.models.engine import EngineRequest, Outcome
 from paperlane.models.images import to_pil
+from paperlane.models.loop_guard import Delta, LoopGuard
 from paperlane.models.vlm import VlmEngineBase
 from paperlane.schemas import EngineInfo
 from paperlane.settings import EngineSettings
@@ -62,6 +68,7 @@ class VllmInprocessEngine(VlmEngineBase):
         self._prompts: dict[str, str] = {}
         self._max_tokens = cfg.max_tokens
         self._by_priority = False
+        self._guard = LoopGuard(cfg, self._profile, engine_name="vllm-inprocess")
 
     @property
     def info(self) -> EngineInfo:
@@ -72,6 +79,11 @@ class VllmInprocessEngine(VlmEngineBase):
     def max_tokens(self) -> int:
         """The ``max_tokens`` of each page: the configured one, within the model's ``max_model_len`` once started."""
         return self._max_tokens
+
+    @property
+    def unfinished_requests(self) -> int:
+        """Requests the engine holds now (an abandoned answer's is gone at once); 0 before start."""
+        return int(self._engine.get_num_unfinished_requests()) if self._engine is not None else 0
 
     def start(self) -> None:
         if self._engine is not None:
@@ -114,17 +126,8 @@ class VllmInprocessEngine(VlmEngineBase):
         return self._prompts[key]
 
     async def _one(self, req: EngineRequest) -> Outcome:
-        from vllm import SamplingParams
-
-        t0 = time.perf_counter()
         try:
-            prompt = {"prompt": self._prompt(req), "multi_modal_data": {"image": to_pil(req.image)}}
-            params = SamplingParams(**self._profile.sampling(req.spec, max_tokens=self._max_tokens))
-            final = None
-            # vLLM ignores a priority under "fcfs"; it documents an error for one there, so send none.
-            priority = req.priority if self._by_priority else 0
-            async for out in self._engine.generate(prompt, params, uuid.uuid4().hex, priority=priority):
-                final = out
+            return await self._guard.answer(req, self._stream, max_tokens=self._max_tokens)
         except PaperlaneError as exc:
             return exc
         except (ValueError, TypeError) as exc:  # vLLM refuses this request: prompt too long, bad image
@@ -132,16 +135,35 @@ class VllmInprocessEngine(VlmEngineBase):
         except Exception as exc:  # the engine died: nothing on this worker will work until restart
             log.exception("vLLM engine failed")
             return EngineUnavailable(f"vLLM engine failed ({type(exc).__name__})", stage=_STAGE)
-        if final is None or not final.outputs:
-            return EngineError("vLLM returned no output", stage=_STAGE)
-        return self._parse(req, final, time.perf_counter() - t0)
 
-    def _parse(self, req: EngineRequest, final: Any, seconds: float) -> Outcome:
-        choice = final.outputs[0]
-        return self._read(req, choice.text, finish_reason=choice.finish_reason, seconds=seconds,
-                          prompt_tokens=len(final.prompt_token_ids or ()), completion_tokens=len(choice.token_ids))
+    async def _stream(self, req: EngineRequest, sampling: dict[str, Any]) -> AsyncGenerator[Delta, None]:
+        """The answer to ``req`` as the engine decodes it; closing this generator aborts the request."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        prompt = {"prompt": self._prompt(req), "multi_modal_data": {"image": to_pil(req.image)}}
+        params = SamplingParams(**sampling, output_kind=RequestOutputKind.DELTA,
+                                logprobs=0 if self._cfg.logprobs else None)
+        request_id = uuid.uuid4().hex
+        # vLLM ignores a priority under "fcfs"; it documents an error for one there, so send none.
+        priority = req.priority if self._by_priority else 0
+        finished, tokens = False, 0
+        try:
+            async with contextlib.aclosing(self._engine.generate(prompt, params, request_id,
+                                                                 priority=priority)) as outputs:
+                async for out in outputs:
+                    choice = out.outputs[0]
+                    tokens += len(choice.token_ids)
+                    finished = bool(out.finished)
+                    yield Delta(text=choice.text, logprobs=_sampled_logprobs(choice),
+                                finish_reason=choice.finish_reason, completion_tokens=tokens,
+                                prompt_tokens=len(out.prompt_token_ids or ()) or None)
+        finally:
+            if not finished:  # stopped by the guard (or the worker): the engine frees the sequence now
+                await self._engine.abort(request_id)
 
     def close(self) -> None:
+        self._guard.close()
         if self._engine is not None:
             self._engine.shutdown()
             self._engine = None
@@ -149,6 +171,11 @@ class VllmInprocessEngine(VlmEngineBase):
         if self._loop is not None:
             self._loop.stop()
             self._loop = None
+
+
+def _sampled_logprobs(choice: Any) -> list[float]:
+    """The log-probability of each token just decoded (vLLM gives one {token id: Logprob} per position)."""
+    return [float(position[token].logprob) for token, position in zip(choice.token_ids, choice.logprobs or ())]
 
 
 async def _build(cls: Any, args: Any) -> Any:

@@ -14,6 +14,11 @@ priority for the life of the engine, and the page is sent again without it.
 ``max_tokens`` is kept within the served model's ``max_model_len`` (read from ``/v1/models`` at
 start): vLLM refuses ``max_tokens > max_model_len`` with HTTP 400 and itself lowers a smaller
 ``max_tokens`` to the context the prompt leaves, so an answer cut there is flagged ``truncated``.
+
+Every answer is streamed (``stream: true``, the usage in every chunk, each token's log-probability when
+``engine.logprobs``) through the loop guard (models/loop_guard.py): a degenerate answer is stopped by
+closing its response, which makes vLLM abort the request and free its sequence, then tried again or
+replaced by the embedded engine's reading.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import base64
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 import httpx
@@ -31,6 +36,7 @@ import httpx
 from paperlane.errors import EngineError, EngineUnavailable, PaperlaneError, UsageError
 from paperlane.models.aio import LoopThread, PriorityLimiter
 from paperlane.models.engine import EngineRequest, Outcome
+from paperlane.models.loop_guard import Delta, LoopGuard
 from paperlane.models.vlm import VlmEngineBase
 from paperlane.schemas import EngineInfo
 from paperlane.settings import EngineSettings
@@ -41,6 +47,10 @@ _STAGE = "inference"
 # Stands in for the image's data URL while the request body is JSON-encoded (see ``_post``).
 _IMAGE_SLOT = "\u0000paperlane-image\u0000"
 _IMAGE_SLOT_JSON = json.dumps(_IMAGE_SLOT).encode()
+# httpx's connection pool walks all its connections (polling each idle socket) on every request and every
+# release (encode/httpcore#1035, pydantic/httpx2#1169): with 80 pages at the server that was ~8 ms of a
+# worker's CPU per page. Pages are spread over pools of at most this many connections instead.
+_POOL_CONNECTIONS = 16
 
 
 class VllmServerEngine(VlmEngineBase):
@@ -52,11 +62,14 @@ class VllmServerEngine(VlmEngineBase):
         self._model = cfg.model
         self._version = "unknown"
         self._loop: LoopThread | None = None
-        self._client: httpx.AsyncClient | None = None
+        self._client: httpx.AsyncClient | None = None  # health, models, version; and the first pool for pages
+        self._pools: list[httpx.AsyncClient] = []
+        self._pool_load: list[int] = []  # answers streaming through each pool now
         self._slots: PriorityLimiter | None = None
         self._max_model_len: int | None = None
         self._max_tokens = cfg.max_tokens
         self._sends_priority = True
+        self._guard = LoopGuard(cfg, self._profile, engine_name="vllm")
         self.in_flight = 0
         self.peak_in_flight = 0  # the most requests this engine has had at the server at once
 
@@ -90,8 +103,11 @@ class VllmServerEngine(VlmEngineBase):
         headers = {"Authorization": f"Bearer {self._cfg.api_key.get_secret_value()}"} if self._cfg.api_key else {}
         timeout = httpx.Timeout(self._cfg.request_timeout, connect=10.0)
         n = self._cfg.max_in_flight
-        limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
-        self._client = httpx.AsyncClient(headers=headers, timeout=timeout, limits=limits)
+        pools = -(-n // _POOL_CONNECTIONS)
+        limits = httpx.Limits(max_connections=-(-n // pools), max_keepalive_connections=-(-n // pools))
+        self._pools = [httpx.AsyncClient(headers=headers, timeout=timeout, limits=limits) for _ in range(pools)]
+        self._pool_load = [0] * pools
+        self._client = self._pools[0]
         self._slots = PriorityLimiter(self._cfg.max_in_flight)
         await self._wait_ready()
         served = await self._served_models()
@@ -146,11 +162,12 @@ class VllmServerEngine(VlmEngineBase):
             return "unknown"
 
     def close(self) -> None:
+        self._guard.close()
         if self._loop is None:
             return
-        if self._client is not None:
-            self._loop.run(self._client.aclose())
-            self._client = None
+        for pool in self._pools:
+            self._loop.run(pool.aclose())
+        self._pools, self._client = [], None
         self._loop.stop()
         self._loop = None
 
@@ -167,49 +184,60 @@ class VllmServerEngine(VlmEngineBase):
     async def _one(self, req: EngineRequest) -> Outcome:
         assert self._slots is not None
         async with self._slots.slot(req.priority):
-            t0 = time.perf_counter()
             self.in_flight += 1
             self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
             try:
-                answer = await self._complete(req)
+                return await self._guard.answer(req, self._stream, max_tokens=self._max_tokens)
             except PaperlaneError as exc:
                 return exc
             finally:
                 self.in_flight -= 1
-            seconds = time.perf_counter() - t0
-        return self._parse(req, answer, seconds)
 
-    async def _complete(self, req: EngineRequest) -> dict[str, Any]:
+    async def _stream(self, req: EngineRequest, sampling: dict[str, Any]) -> AsyncGenerator[Delta, None]:
+        """The answer to ``req`` as it streams; closing this generator closes the response (vLLM aborts)."""
         image = req.image
         if image.data is None:
             raise EngineError("the vllm engine needs an encoded image", stage=_STAGE)
         url = b"data:" + (image.mime or "image/jpeg").encode() + b";base64," + base64.b64encode(image.data)
         body: dict[str, Any] = {"model": self._model, "messages": self._profile.messages(req.spec, _IMAGE_SLOT),
-                                **self._profile.sampling(req.spec, max_tokens=self._max_tokens)}
-        if self._sends_priority:
-            body["priority"] = req.priority
-        resp = await self._post(body, url)
-        if "priority" in body and _refuses_priority(resp):
-            self._stop_sending_priority(resp)
-            del body["priority"]
-            resp = await self._post(body, url)
-        return _answer(resp)
+                                **sampling, "stream": True,
+                                "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        if self._cfg.logprobs:
+            body["logprobs"] = True
+        for _ in range(2):  # once more without a priority the server refused
+            if self._sends_priority:
+                body["priority"] = req.priority
+            else:
+                body.pop("priority", None)
+            pool = self._pool_load.index(min(self._pool_load))  # the least busy pool
+            self._pool_load[pool] += 1
+            try:
+                async with self._client_stream(self._pools[pool], body, url) as resp:
+                    if resp.status_code >= 400:
+                        await resp.aread()
+                        if "priority" in body and _refuses_priority(resp):
+                            self._stop_sending_priority(resp)
+                            continue
+                        raise _refusal(resp)
+                    async for delta in _deltas(resp):
+                        yield delta
+                    return
+            except httpx.TimeoutException as exc:
+                raise EngineUnavailable(f"vllm server timed out after {self._cfg.request_timeout:.0f}s",
+                                        stage=_STAGE) from exc
+            except httpx.HTTPError as exc:
+                raise EngineUnavailable(f"vllm server unreachable ({type(exc).__name__})", stage=_STAGE) from exc
+            finally:
+                self._pool_load[pool] -= 1
 
-    async def _post(self, body: dict[str, Any], image_url: bytes) -> httpx.Response:
-        assert self._client is not None
+    def _client_stream(self, client: httpx.AsyncClient, body: dict[str, Any], image_url: bytes) -> Any:
         # The data URL (hundreds of kB of base64, which needs no JSON escaping) is spliced into the
         # encoded body instead of being run through the JSON encoder: that scan was a tenth of a
         # worker's busy time at 50 pages/s.
         raw = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
         raw = raw.replace(_IMAGE_SLOT_JSON, b'"' + image_url + b'"', 1)
-        try:
-            return await self._client.post(f"{self._base}/chat/completions", content=raw,
-                                           headers={"content-type": "application/json"})
-        except httpx.TimeoutException as exc:
-            raise EngineUnavailable(f"vllm server timed out after {self._cfg.request_timeout:.0f}s",
-                                    stage=_STAGE) from exc
-        except httpx.HTTPError as exc:
-            raise EngineUnavailable(f"vllm server unreachable ({type(exc).__name__})", stage=_STAGE) from exc
+        return client.stream("POST", f"{self._base}/chat/completions", content=raw,
+                             headers={"content-type": "application/json"})
 
     def _stop_sending_priority(self, resp: httpx.Response) -> None:
         if not self._sends_priority:  # pages in flight together all hear the refusal: warn once
@@ -219,34 +247,51 @@ class VllmServerEngine(VlmEngineBase):
                     "interactive pages queue behind batch pages inside the server; start it with "
                     "--scheduling-policy priority", self._base, _error_message(resp))
 
-    def _parse(self, req: EngineRequest, answer: dict[str, Any], seconds: float) -> Outcome:
-        try:
-            choice = answer["choices"][0]
-            raw = choice["message"].get("content") or ""
-            finish = choice.get("finish_reason")
-        except (KeyError, IndexError, TypeError, AttributeError):
-            return EngineError("vllm server answer has no choices", stage=_STAGE)
-        usage = answer.get("usage") or {}
-        return self._read(req, raw, finish_reason=finish, prompt_tokens=int(usage.get("prompt_tokens") or 0),
-                          completion_tokens=int(usage.get("completion_tokens") or 0), seconds=seconds)
-
-
 def _max_model_len(card: dict[str, Any]) -> int | None:
     value = card.get("max_model_len")  # vLLM's own field of a model card; other servers may lack it
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def _answer(resp: httpx.Response) -> dict[str, Any]:
-    """The JSON body of a chat-completions answer, or the error its status means."""
+def _refusal(resp: httpx.Response) -> PaperlaneError:
+    """The error an HTTP error status means: the server busy or failing (retryable) or the page refused."""
     if resp.status_code >= 500 or resp.status_code == 429:
-        raise EngineUnavailable(f"vllm server busy or failing (HTTP {resp.status_code})", stage=_STAGE)
-    if resp.status_code >= 400:
-        raise EngineError(f"vllm server refused the page (HTTP {resp.status_code}: {_error_message(resp)})",
-                          stage=_STAGE)
-    try:
-        return dict(resp.json())
-    except (ValueError, TypeError) as exc:
-        raise EngineUnavailable("vllm server sent a malformed answer", stage=_STAGE) from exc
+        return EngineUnavailable(f"vllm server busy or failing (HTTP {resp.status_code})", stage=_STAGE)
+    return EngineError(f"vllm server refused the page (HTTP {resp.status_code}: {_error_message(resp)})",
+                       stage=_STAGE)
+
+
+async def _deltas(resp: httpx.Response) -> AsyncGenerator[Delta, None]:
+    """The server-sent events of a streamed chat completion as ``Delta``s, until ``data: [DONE]``."""
+    done = False
+    # Read on past [DONE] to the body's end (the server ends it there): httpx's line reader then ends
+    # on its own instead of being left to the event loop's finaliser.
+    async for line in resp.aiter_lines():
+        if done or not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            done = True
+            continue
+        try:
+            delta = _delta(json.loads(data))
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
+            raise EngineUnavailable("vllm server sent a malformed answer", stage=_STAGE) from exc
+        yield delta
+
+
+def _delta(chunk: dict[str, Any]) -> Delta:
+    if "error" in chunk:  # vLLM reports an error met mid-stream as a chunk of its own
+        raise EngineUnavailable(f"vllm server failed mid-answer: {str(chunk['error'])[:160]}", stage=_STAGE)
+    usage = chunk.get("usage") or {}
+    delta = Delta(prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens"))
+    choices = chunk.get("choices") or []
+    if choices:
+        choice = choices[0]
+        delta.text = (choice.get("delta") or {}).get("content") or ""
+        delta.finish_reason = choice.get("finish_reason")
+        logprobs = (choice.get("logprobs") or {}).get("content") or ()
+        delta.logprobs = [float(item["logprob"]) for item in logprobs]
+    return delta
 
 
 def _refuses_priority(resp: httpx.Response) -> bool:

@@ -27,6 +27,13 @@ PAGES = Counter("paperlane_pages", "pages settled by this worker, by outcome (do
 BATCH_SIZE = Histogram("paperlane_batch_size", "pages per engine call (micro-batch)",
                        buckets=(1, 2, 4, 8, 16, 32, 64, 128))
 ENGINE_IN_FLIGHT = Gauge("paperlane_engine_pages_in_flight", "pages inside engine calls now")
+ENGINE_TOKENS = Counter("paperlane_engine_tokens", "tokens the engine decoded for this process's pages, by outcome: "
+                        "completed (answers read to their end) or abandoned (answers stopped mid-stream as "
+                        "degenerate; the engine freed their sequence)", ["outcome"])
+PAGE_FLAGS = Counter("paperlane_page_flags", "pages stored with each quality flag (loop_stopped, retried, "
+                     "fallback, truncated, empty, low_confidence)", ["flag"])
+PAGES_GRADED = Counter("paperlane_pages_graded", "pages stored with a quality grade, by whether they need review",
+                       ["needs_review"])
 
 
 def reason_label(reason: str | None) -> str:

@@ -20,6 +20,14 @@ class Task(str, Enum):
     TEXT = "text"  # plain text
     FIELDS = "fields"  # caller-given keys, answered as JSON
     TRANSLATE = "translate"  # extract, then translate
+    TABLE = "table"  # the page's table as HTML
+    FORMULA = "formula"  # the page's formula as LaTeX
+    CHART = "chart"  # the page's chart: Mermaid for flowcharts, markdown for the rest
+
+    @property
+    def reads_text(self) -> bool:
+        """Whether a plain reading of the page's lines answers this task (an OCR engine's lines do)."""
+        return self in (Task.SPOTTING, Task.PARSE, Task.TEXT)
 
 
 class Stage(str, Enum):
@@ -131,11 +139,45 @@ class EngineInfo(BaseModel):
     name: str
     version: str
     model: str | None = None
+    fallback_for: str | None = Field(None, description="this engine read the page because the named engine's "
+                                     "answers kept degenerating (a fallback result: review it)")
 
 
 class Usage(BaseModel):
     prompt_tokens: int = 0
-    completion_tokens: int = 0
+    completion_tokens: int = Field(0, description="tokens of the answer given")
+    engine_calls: int = Field(1, description="requests sent to the engine for this page (a degenerate answer "
+                                             "stopped and tried again is two)")
+    abandoned_tokens: int = Field(0, description="tokens the engine decoded for answers stopped as degenerate")
+
+
+class QualityFlag(str, Enum):
+    """Why a page's result may need a person's eyes (``Quality.flags``)."""
+
+    LOOP_STOPPED = "loop_stopped"  # the answer given was stopped mid-stream: it degenerated (repeats, overlong)
+    RETRIED = "retried"  # an answer degenerated and the page was decoded again (alone: the retry was clean)
+    FALLBACK = "fallback"  # the text is the embedded engine's: the model's answers kept degenerating
+    TRUNCATED = "truncated"  # the answer hit the token limit
+    EMPTY = "empty"  # nothing was read
+    LOW_CONFIDENCE = "low_confidence"  # confidence under engine.min_confidence
+
+
+class Quality(BaseModel):
+    """How far a page's result can be trusted."""
+
+    confidence: float | None = Field(None, ge=0, le=1, description="0..1: the geometric mean probability of the "
+                                     "answer's tokens (VLM engines that return log-probabilities), the line scores "
+                                     "weighted by length (RapidOCR); null when the engine gives none")
+    flags: list[QualityFlag] = Field(default_factory=list)
+    needs_review: bool = Field(False, description="any flag but `retried`: the result is incomplete, a fallback, "
+                                                  "empty or unsure")
+
+    @classmethod
+    def grade(cls, flags: set[QualityFlag], confidence: float | None) -> Quality:
+        """The quality of a result with these ``flags`` and ``confidence``: ``needs_review`` follows the flags."""
+        ordered = [flag for flag in QualityFlag if flag in flags]
+        return cls(confidence=None if confidence is None else round(confidence, 4), flags=ordered,
+                   needs_review=any(flag is not QualityFlag.RETRIED for flag in ordered))
 
 
 class PageResult(BaseModel):
@@ -158,4 +200,6 @@ class PageResult(BaseModel):
     height: int | None = None
     engine: EngineInfo | None = None
     usage: Usage | None = None
+    quality: Quality | None = Field(None, description="confidence, flags and whether a person should review "
+                                                      "the page (set on every succeeded page)")
     timings: dict[str, float] = Field(default_factory=dict, description="seconds per stage")

@@ -81,6 +81,47 @@ class EngineKind(str, Enum):
     TRANSFORMERS = "transformers"  # plain PyTorch, for development and comparison
 
 
+class LoopGuardSettings(BaseModel):
+    """How the vLLM engines stop an answer that degenerates while it streams, and what they do next.
+
+    A loop runs until ``max_tokens``, costing as much decoding as several pages, and its text is cut
+    or wrong; a legitimately repetitive page (a table of numbers, a blank form's rows) repeats too,
+    but only as far as the page goes. The defaults stop no real page of the development corpus and no
+    synthetic repetitive page in ``tests/test_degeneration.py`` (which measures that and fails past it),
+    and stop a loop within a few hundred characters of it starting (models/degeneration.py).
+    """
+
+    enabled: bool = Field(True, description="stream every answer and stop it as soon as it degenerates")
+    repeats: int = Field(16, ge=2, description="copies of one unit holding a letter or digit, back to back at the "
+                         "answer's end, that make it degenerate (a blank form repeats a row up to ~12 times)")
+    structure_repeats: int = Field(40, ge=2, description="the same, for a unit of markup or punctuation only "
+                                   "(empty table rows, dots, dashes): an empty ledger page repeats its row ~30 times")
+    min_span: int = Field(400, ge=1, description="characters a repeated run must also cover (dotted leaders and "
+                          "underlines run to ~100, a column of 48 zero cells to 240)")
+    long_unit: int = Field(256, ge=1, description="a unit this long (a paragraph, a block of lines) needs only ...")
+    long_repeats: int = Field(3, ge=2, description="... this many copies back to back")
+    max_unit: int = Field(1024, ge=1, description="the longest repeated unit looked for, in characters")
+    line_repeats: int = Field(40, ge=2, description="times one line (of line_min_chars or more, with a letter or "
+                              "digit) may appear anywhere in an answer: near-loops come back to one line between "
+                              "others that vary (a form repeats a label ~30 times)")
+    line_min_chars: int = Field(12, ge=1, description="shorter lines are not counted (cells such as '0.00' repeat)")
+    chars_per_megapixel: int = Field(8000, ge=1, description="more characters than this per megapixel of the "
+                                     "image the engine read is more than the page can hold (an A4 page at 2048 px: "
+                                     "24,000)")
+    min_page_chars: int = Field(16_000, ge=1, description="... but never fewer than this: small images of dense "
+                                "text (the corpus' densest answer: 9,914 characters of JSON spotting, 0.76 MP)")
+    retries: int = Field(1, ge=0, description="times a degenerate answer is tried again at once, with the "
+                         "stronger settings below (inside the same attempt at the page)")
+    retry_repetition_penalty: float = Field(1.15, ge=1, description="repetition_penalty of a retry (HunyuanOCR "
+                                            "1.5 serves 1.08; much higher penalties garble tables)")
+    retry_temperature: float = Field(0.0, ge=0, description="temperature of a retry; above 0 also lifts top_k "
+                                     "(olmOCR raises it step by step): for models a stronger penalty alone "
+                                     "does not break")
+    fallback: bool = Field(True, description="a text task (spotting, parse, text) whose answers keep degenerating "
+                           "gets the embedded RapidOCR engine's lines, marked as a fallback; other tasks keep what "
+                           "they have, flagged")
+
+
 class EngineSettings(BaseModel):
     kind: EngineKind = EngineKind.RAPID
     url: str | None = Field(None, description="vllm: the server's OpenAI base URL, e.g. http://host:8000/v1")
@@ -99,6 +140,10 @@ class EngineSettings(BaseModel):
     # transformers: torch device and dtype ("auto": bfloat16 on a GPU, float32 on the CPU).
     device: str = "auto"
     dtype: str = "auto"
+    logprobs: bool = Field(True, description="ask vLLM for each token's log-probability: a page's confidence")
+    min_confidence: float = Field(0.8, ge=0, le=1, description="a page whose confidence is lower is flagged "
+                                  "low_confidence and needs review")
+    guard: LoopGuardSettings = Field(default_factory=LoopGuardSettings)
 
     @model_validator(mode="after")
     def _needs(self) -> EngineSettings:

@@ -1,35 +1,48 @@
 """A simulated GPU serving HunyuanOCR: a separate OpenAI-compatible HTTP server with vLLM's shape.
 
 Tests and benchmarks run on 2 CPU cores without a GPU, yet must measure everything paperlane does
-AROUND the model honestly: base64, JSON, HTTP, the production client and its answer parsing. So
-this server behaves like ``vllm serve`` where paperlane depends on it, and like a GPU where the
-bottleneck is:
+AROUND the model honestly: base64, JSON, HTTP, streaming, the production client and its answer
+parsing and loop guard. So this server behaves like ``vllm serve`` where paperlane depends on it, and
+like a GPU where the bottleneck is. Two engine models (tests/sim_decode.py):
 
-- ``--slots`` sequences run at once (vLLM's ``--max-num-seqs``), each for exactly ``--latency``
-  seconds (an asyncio sleep: no CPU). More requests wait in a queue, ordered by the body's
-  ``priority`` (lower first, then arrival) with ``--scheduling-policy priority``, by arrival with
-  ``fcfs``. No preemption: a waiting urgent request takes the next free slot, as in vLLM.
-- A client that disconnects aborts its request (its slot or queue place is freed), as in vLLM.
+- fixed (``--latency``): ``--slots`` sequences at once, each for exactly ``--latency`` seconds, every page
+  alike (an asyncio sleep: no CPU);
+- shaped (``--shape h200-hunyuanocr``, tests/sim_shape.py): a real model's shape. Each page's answer has
+  its own length, drawn from the page (median ~500 tokens, a tail to ~2,000); prefill grows with the
+  image's vision tokens; sequences decode at a rate that falls as more run (an aggregate tokens/s ceiling,
+  ~20 pages/s); a ``--loop-share`` of pages loop until ``max_tokens`` unless the request asks for a
+  repetition penalty above ``--loop-penalty`` (a ``--stubborn-share`` loops anyway); a ``--hard-share``
+  are read with low confidence.
+
+Either way more requests wait in a queue, ordered by the body's ``priority`` (lower first, then
+arrival) with ``--scheduling-policy priority``, by arrival with ``fcfs``; no preemption. A client that
+disconnects aborts its request: its queue place or its slot is freed at once, also mid-stream, as vLLM
+aborts a request on disconnect.
+
 - ``GET /health``, ``GET /version``, ``GET /v1/models`` (with ``max_model_len``) and
   ``POST /v1/chat/completions`` with vLLM's answers and its refusals: HTTP 400 for ``max_tokens``
   above ``max_model_len`` or a prompt that fills the context (vLLM 0.32's words), for a non-zero
   ``priority`` without priority scheduling (as releases before 0.32 did: 0.32 accepts and ignores
   it, so this is the stricter server a client must survive), 404 for an unknown model.
-- The answer is what HunyuanOCR 1.0 would say for the prompt paperlane sent (its prompts are
-  recognised from ``paperlane.models.profiles``): ~40 lines in the ``text(x1,y1),(x2,y2)`` spotting
-  format with boxes normalised to 0..1000, markdown for parse, JSON for fields, plain text
-  otherwise. The text is a function of the image, so the same page always reads the same.
-  Answers longer than the token budget are cut and end with ``finish_reason: "length"``.
+- ``stream: true``: server-sent events as vLLM sends them (``data: {chunk}`` with
+  ``choices[0].delta.content``, a last chunk with ``finish_reason``, ``data: [DONE]``), the usage in a
+  last chunk with ``stream_options.include_usage`` and in every chunk with ``continuous_usage_stats``;
+  ``logprobs: true`` adds each token's log-probability (``choices[0].logprobs.content``).
+- The answer is what HunyuanOCR would say for the prompt paperlane sent (tests/sim_model.py): the
+  format each profile asks for, the text a function of the image. Answers longer than the token budget
+  are cut and end with ``finish_reason: "length"``.
 
 It is cheap on CPU because it shares the machine with what it measures: a small asyncio HTTP/1.1
-server (no framework, no h11), the body JSON-decoded once, the image never decoded: only its size
-is read from the JPEG/PNG header.
+server (no framework, no h11), the body JSON-decoded once, the image never decoded (only its size is
+read from the JPEG/PNG header), decode progress advanced for all sequences at once every tick and
+streamed in chunks of several tokens (vLLM's ``--stream-interval``).
 
-Observability for tests: ``GET /sim/stats`` (totals and per-image request counts) and
-``--log PATH``, one JSON line per finished request, written before its answer is sent, so a test
-can count engine calls per page even after the server was killed.
+Observability for tests: ``GET /sim/stats`` (totals, tokens decoded by outcome, running, waiting, decode
+capacity used, per-image request counts) and ``--log PATH``, one JSON line per finished request, written
+before its answer's end is sent, so a test can count engine calls per page even after the server was killed.
 
     python -m tests.sim_engine --port 8000 --slots 16 --latency 0.32 --scheduling-policy priority
+    python -m tests.sim_engine --port 8000 --shape h200-hunyuanocr --loop-share 0.08 --scheduling-policy priority
 
 ``start_sim_engine`` starts one on a free port for a test or benchmark.
 """
@@ -37,23 +50,20 @@ can count engine calls per page even after the server was killed.
 from __future__ import annotations
 
 import argparse
-import ast
 import asyncio
 import base64
 import binascii
 import hashlib
-import heapq
 import io
 import itertools
 import json
-import random
 import signal
 import subprocess
 import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
@@ -62,188 +72,15 @@ from typing import IO, Any
 import httpx
 from PIL import Image
 
-from paperlane.models.profiles import PROFILES
-from paperlane.schemas import Task
-from tests.pages import WORDS
 from tests.services import ServiceError, free_port
+from tests.sim_decode import DecodeScheduler, Sequence, SlotScheduler
+from tests.sim_model import CHARS_PER_TOKEN, Prompt, answer, answer_pieces, loop_answer, read_prompt
+from tests.sim_shape import SHAPES, Behaviour, EngineShape, PageDraw
 
 DEFAULT_MODEL = "tencent/HunyuanOCR"
 DEFAULT_MAX_MODEL_LEN = 32768  # HunyuanOCR's own context: what vLLM serves without --max-model-len
-_NORM = 1000  # spotting boxes are normalised to 0..1000 of the image
 _PATCH = 32  # one vision token per 32x32 pixels (HunyuanOCR: at most ~4096 tokens for 2048x2048)
-_CHARS_PER_TOKEN = 3  # coordinates and short English words: about 3 characters per token
 _MAX_HEADER = 64 * 1024
-
-
-# --- scheduling: slots and the waiting queue ------------------------------------------------
-
-
-@dataclass(order=True)
-class _Waiter:
-    key: tuple[int, int]  # (priority, arrival sequence); (0, sequence) under fcfs
-    future: asyncio.Future[None] = field(compare=False)
-
-
-class SlotScheduler:
-    """``slots`` sequences at once for ``latency`` seconds each; the rest wait in priority order."""
-
-    def __init__(self, *, slots: int, latency: float, priority: bool) -> None:
-        self.slots = slots
-        self.latency = latency
-        self.priority = priority
-        self.running = 0
-        self.waiting = 0
-        self.peak_running = 0
-        self.peak_waiting = 0
-        self.busy_s = 0.0  # slot-seconds of finished and aborted runs
-        self.first_start: float | None = None
-        self.last_end: float | None = None
-        self._heap: list[_Waiter] = []
-        self._seq = itertools.count()
-        self._started: dict[int, float] = {}  # running sequence numbers -> start time
-        self._ids = itertools.count()
-
-    async def run(self, priority: int) -> tuple[float, float]:
-        """Wait for a slot, hold it for ``latency`` seconds; (start, end) as epoch seconds.
-
-        Cancelled (the client went away): leaves the queue, or frees the slot, and re-raises.
-        """
-        await self._admit(priority)
-        start = time.time()
-        run_id = next(self._ids)
-        self._started[run_id] = start
-        self.first_start = self.first_start if self.first_start is not None else start
-        try:
-            await asyncio.sleep(self.latency)
-        finally:
-            end = time.time()
-            del self._started[run_id]
-            self.busy_s += end - start
-            self.last_end = end
-            self._release()
-        return start, end
-
-    def busy_now(self) -> float:
-        """Slot-seconds so far, counting the running sequences up to now."""
-        now = time.time()
-        return self.busy_s + sum(now - start for start in self._started.values())
-
-    async def _admit(self, priority: int) -> None:
-        if self.running < self.slots and not self.waiting:
-            self._take_slot()
-            return
-        key = (priority if self.priority else 0, next(self._seq))
-        waiter = _Waiter(key, asyncio.get_running_loop().create_future())
-        heapq.heappush(self._heap, waiter)
-        self.waiting += 1
-        self.peak_waiting = max(self.peak_waiting, self.waiting)
-        try:
-            await waiter.future
-        except asyncio.CancelledError:
-            if waiter.future.done() and not waiter.future.cancelled():
-                self._release()  # admitted and cancelled in the same tick: hand the slot on
-            else:
-                waiter.future.cancel()  # skipped when popped
-                self.waiting -= 1
-            raise
-
-    def _take_slot(self) -> None:
-        self.running += 1
-        self.peak_running = max(self.peak_running, self.running)
-
-    def _release(self) -> None:
-        self.running -= 1
-        while self.running < self.slots and self._heap:
-            waiter = heapq.heappop(self._heap)
-            if waiter.future.cancelled():
-                continue
-            self.waiting -= 1
-            self._take_slot()
-            waiter.future.set_result(None)
-
-
-# --- what the model says ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Prompt:
-    task: Task
-    json_spotting: bool = False  # the generic profile asks for a JSON array of boxes
-    fields: tuple[str, ...] = ()
-
-
-def _known_prompts() -> list[tuple[str, bool, Prompt]]:
-    """(text, whole prompt or prefix, what it asks) for every profile's prompts."""
-    known = []
-    for profile in PROFILES.values():
-        p = profile.prompts
-        json_spotting = "JSON" in p.spotting
-        known += [(p.spotting, True, Prompt(Task.SPOTTING, json_spotting)), (p.parse, True, Prompt(Task.PARSE)),
-                  (p.text, True, Prompt(Task.TEXT)), (p.fields.split("{")[0], False, Prompt(Task.FIELDS)),
-                  (p.translate.split("{")[0], False, Prompt(Task.TRANSLATE))]
-    return known
-
-
-_PROMPTS = _known_prompts()
-
-
-def read_prompt(text: str) -> Prompt:
-    """The task a prompt asks for (plain text when the prompt is not one of paperlane's)."""
-    for known, whole, prompt in _PROMPTS:
-        if (text == known) if whole else text.startswith(known):
-            if prompt.task is Task.FIELDS:
-                return Prompt(Task.FIELDS, fields=_field_keys(text))
-            return prompt
-    return Prompt(Task.TEXT)
-
-
-def _field_keys(prompt: str) -> tuple[str, ...]:
-    start, end = prompt.find("["), prompt.find("]")
-    try:
-        keys = ast.literal_eval(prompt[start : end + 1])
-    except (ValueError, SyntaxError):
-        return ()
-    return tuple(str(k) for k in keys) if isinstance(keys, list) else ()
-
-
-def page_lines(seed: str, n: int) -> list[str]:
-    """``n`` lines of invoice-like English, always the same for the same ``seed``."""
-    rnd = random.Random(seed)
-    lines = []
-    for _ in range(n):
-        words = [rnd.choice(WORDS) for _ in range(rnd.randint(4, 9))]
-        number = f" {rnd.randint(1, 9999)}" if rnd.random() < 0.4 else ""
-        lines.append(" ".join([words[0].capitalize(), *words[1:]]) + number)
-    return lines
-
-
-def answer(prompt: Prompt, seed: str) -> str:
-    """HunyuanOCR's answer to ``prompt`` on the page identified by ``seed``."""
-    rnd = random.Random(seed)
-    lines = page_lines(seed, rnd.randint(36, 44))
-    if prompt.task is Task.SPOTTING:
-        return _spotting(lines, rnd, json_format=prompt.json_spotting)
-    if prompt.task is Task.PARSE:
-        table = "".join(f"<tr><td>{ln.split()[0]}</td><td>{rnd.randint(1, 999)}.{rnd.randint(0, 99):02d}</td></tr>"
-                        for ln in lines[:5])
-        body = "\n\n".join(" ".join(lines[i : i + 4]) for i in range(5, len(lines), 4))
-        return f"# {lines[0]}\n\n{body}\n\n<table>{table}</table>"
-    if prompt.task is Task.FIELDS:
-        values = {key: lines[i % len(lines)].split(" ", 2)[-1] for i, key in enumerate(prompt.fields)}
-        return "```json\n" + json.dumps(values, ensure_ascii=False) + "\n```"
-    return "\n".join(lines)
-
-
-def _spotting(lines: list[str], rnd: random.Random, *, json_format: bool) -> str:
-    step = (_NORM - 80) // len(lines)
-    items = []
-    for i, text in enumerate(lines):
-        x1, y1 = 55 + rnd.randint(0, 15), 40 + i * step
-        box = (x1, y1, min(_NORM - 30, x1 + 14 * len(text) + rnd.randint(0, 20)), y1 + step * 2 // 3)
-        items.append((text, box))
-    if json_format:
-        return json.dumps([{"box": list(box), "text": text} for text, box in items], ensure_ascii=False)
-    return "".join(f"{text}({x1},{y1}),({x2},{y2})" for text, (x1, y1, x2, y2) in items)
 
 
 # --- requests -------------------------------------------------------------------------------
@@ -273,6 +110,11 @@ class Chat:
     height: int
     prompt_tokens: int
     max_tokens: int | None
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats: the usage in every chunk
+    logprobs: bool = False
+    repetition_penalty: float = 1.0
 
 
 def read_chat(body: dict[str, Any], *, model: str, max_model_len: int, priority_scheduling: bool) -> Chat:
@@ -303,7 +145,15 @@ def read_chat(body: dict[str, Any], *, model: str, max_model_len: int, priority_
                          f"tokens. Please reduce the length of the input prompt.", param="input_tokens",
                          value=prompt_tokens)
     sha = hashlib.sha1(url.encode()).hexdigest() if url is not None else None
-    return Chat(priority, read_prompt(text), sha, width, height, prompt_tokens, max_tokens)
+    options = body.get("stream_options") or {}
+    penalty = body.get("repetition_penalty", 1.0)
+    if not isinstance(penalty, int | float) or penalty <= 0:
+        raise BadRequest(f"repetition_penalty must be greater than zero, got {penalty}.", param="repetition_penalty",
+                         value=penalty)
+    return Chat(priority, read_prompt(text), sha, width, height, prompt_tokens, max_tokens,
+                stream=bool(body.get("stream")), include_usage=bool(options.get("include_usage")),
+                continuous_usage=bool(options.get("continuous_usage_stats")), logprobs=bool(body.get("logprobs")),
+                repetition_penalty=float(penalty))
 
 
 def _user_parts(messages: object) -> tuple[str, str | None]:
@@ -350,10 +200,15 @@ class Response:
     status: int
     body: bytes = b""
     content_type: str = "application/json"
+    chunks: AsyncIterator[bytes] | None = None  # a streamed body, sent as it is made
 
     @classmethod
     def json(cls, obj: object, status: int = 200) -> Response:
         return cls(status, json.dumps(obj, separators=(",", ":")).encode())
+
+    @classmethod
+    def events(cls, chunks: AsyncIterator[bytes]) -> Response:
+        return cls(200, content_type="text/event-stream", chunks=chunks)
 
 
 @dataclass
@@ -363,6 +218,19 @@ class Options:
     priority_scheduling: bool
     max_model_len: int
     model: str
+    shape: EngineShape | None = None
+    behaviour: Behaviour = field(default_factory=Behaviour)
+
+
+@dataclass
+class Generation:
+    """What the model will write for one request, decided before it decodes."""
+
+    content: str
+    tokens: int  # to decode
+    finish: str  # "stop" or "length"
+    draw: PageDraw | None = None  # shaped engine: what it decided about the page
+    loop_token: int | None = None  # the token the loop starts at, when it loops
 
 
 class SimServer:
@@ -370,10 +238,19 @@ class SimServer:
 
     def __init__(self, opts: Options, log: IO[str] | None) -> None:
         self.opts = opts
-        self.sched = SlotScheduler(slots=opts.slots, latency=opts.latency, priority=opts.priority_scheduling)
+        self.decode = (DecodeScheduler(opts.shape, slots=opts.slots, priority=opts.priority_scheduling)
+                       if opts.shape is not None else None)
+        self.sched = self.decode or SlotScheduler(slots=opts.slots, latency=opts.latency,
+                                                  priority=opts.priority_scheduling)
         self.log = log
         self.requests = self.completed = self.rejected = self.aborted = 0
+        self.tokens = Counter({"completed": 0, "abandoned": 0})  # fixed mode; the decode scheduler counts its own
         self.per_image: Counter[str] = Counter()
+        self.ideal: dict[tuple[str, str], int] = {}  # (image, task) -> tokens of its answer without a loop
+        self.loop_pages: set[tuple[str, str]] = set()
+        self.looped = 0  # requests whose answer looped
+        self.last_arrival: float | None = None  # the last request that reached the queue, and the tokens
+        self.decoded_at_last_arrival = 0.0  # decoded by then: the engine's work while it had requests coming
         self._n = itertools.count(1)
 
     async def handle(self, method: str, target: str, body: bytes) -> Response:
@@ -384,7 +261,7 @@ class SimServer:
             if method == "GET" and path == "/health":
                 return Response(200, b"", "text/plain")
             if method == "GET" and path == "/version":
-                return Response.json({"version": f"sim-{self.opts.slots}x{self.opts.latency:g}s"})
+                return Response.json({"version": f"sim-{self._describe()}"})
             if method == "GET" and path == "/v1/models":
                 return Response.json(self._models())
             if method == "GET" and path == "/sim/stats":
@@ -395,6 +272,10 @@ class SimServer:
         except Exception as exc:  # a test server answers its own bugs instead of hanging the client
             return Response.json({"error": {"message": repr(exc), "type": "InternalServerError", "code": 500}}, 500)
 
+    def _describe(self) -> str:
+        shape = self.opts.shape
+        return shape.name if shape is not None else f"{self.opts.slots}x{self.opts.latency:g}s"
+
     def _models(self) -> dict[str, Any]:
         model = self.opts.model
         return {"object": "list", "data": [{
@@ -404,15 +285,32 @@ class SimServer:
     def stats(self, *, per_image: bool = True) -> dict[str, Any]:
         """Totals since start. ``requests`` counts every chat request, ``rejected`` the refused ones (4xx),
         ``aborted`` those whose client went away; ``busy_slot_seconds`` includes the running ones up to
-        ``now``; times are epoch seconds. ``per_image``: requests that reached the queue (not refused) by
-        the sha1 of their image data URL, whatever became of them: the log says which completed."""
+        ``now``; times are epoch seconds. ``tokens``: tokens decoded by outcome (``completed``: answers sent
+        to their end, ``abandoned``: answers whose client left mid-way); shaped engine: ``decoded_tokens`` (all,
+        running ones up to the last tick), ``decode_tokens_per_s`` (its ceiling), ``capacity_used`` (decoded
+        over the ceiling since the first request started), ``decoding`` (running sequences past prefill),
+        ``last_arrival`` and ``decoded_at_last_arrival`` (when the last request came, and the tokens decoded
+        by then: the engine's use while requests kept coming).
+        ``ideal_tokens``: what the pages seen would cost without loops (each page and task once);
+        ``loop_pages`` and ``looped``: pages that looped, requests that did. ``per_image``: requests that
+        reached the queue by the sha1 of their image data URL, whatever became of them."""
         s = self.sched
         out: dict[str, Any] = {
-            "slots": s.slots, "latency": s.latency, "policy": "priority" if s.priority else "fcfs",
-            "requests": self.requests, "completed": self.completed, "rejected": self.rejected,
-            "aborted": self.aborted, "running": s.running, "waiting": s.waiting, "peak_running": s.peak_running,
-            "peak_waiting": s.peak_waiting, "busy_slot_seconds": round(s.busy_now(), 4),
-            "first_start": s.first_start, "last_end": s.last_end, "now": time.time()}
+            "engine": self._describe(), "slots": s.slots, "latency": self.opts.latency,
+            "policy": "priority" if s.priority else "fcfs", "requests": self.requests, "completed": self.completed,
+            "rejected": self.rejected, "aborted": self.aborted, "running": s.running, "waiting": s.waiting,
+            "peak_running": s.peak_running, "peak_waiting": s.peak_waiting,
+            "busy_slot_seconds": round(s.busy_now(), 4), "first_start": s.first_start, "last_end": s.last_end,
+            "now": time.time(), "tokens": dict(self.decode.tokens if self.decode else self.tokens),
+            "ideal_tokens": sum(self.ideal.values()), "pages": len(self.ideal), "loop_pages": len(self.loop_pages),
+            "looped": self.looped}
+        if self.decode is not None:
+            shape, decoded = self.decode.shape, self.decode.decoded
+            window = out["now"] - s.first_start if s.first_start is not None else 0.0
+            out.update(decoded_tokens=round(decoded), decode_tokens_per_s=shape.decode_tokens_per_s,
+                       decoding=self.decode.decoding_now(), last_arrival=self.last_arrival,
+                       decoded_at_last_arrival=round(self.decoded_at_last_arrival),
+                       capacity_used=round(decoded / (shape.decode_tokens_per_s * window), 4) if window else 0.0)
         if per_image:
             out["per_image"] = dict(self.per_image)
         return out
@@ -434,35 +332,135 @@ class SimServer:
             self._log({**record, "status": err.status, "end": time.time(), "error": str(err)})
             return Response.json(err.body(), err.status)
         record.update(priority=chat.priority, image=chat.image, task=chat.prompt.task.value, width=chat.width,
-                      height=chat.height)
+                      height=chat.height, stream=chat.stream, repetition_penalty=chat.repetition_penalty,
+                      temperature=body.get("temperature"), top_k=body.get("top_k"))
         if chat.image is not None:
             self.per_image[chat.image] += 1
+        self.last_arrival = record["arrival"]
+        self.decoded_at_last_arrival = self.decode.decoded if self.decode is not None else 0.0
+        gen = self._generation(chat)
+        record["looped"] = gen.loop_token is not None
+        if chat.stream:
+            return Response.events(self._stream(chat, gen, record))
         try:
-            record["start"], record["end"] = await self.sched.run(chat.priority)
+            async for _ in self._decoded(chat, gen, record):
+                pass
         except asyncio.CancelledError:  # the client went away: vLLM aborts the request
-            self.aborted += 1
-            self._log({**record, "status": 499, "end": time.time()})
+            self._aborted(record)
             raise
-        self.completed += 1
-        return self._completion(chat, record)
+        return self._completion(chat, gen, record)
 
-    def _completion(self, chat: Chat, record: dict[str, Any]) -> Response:
-        content = answer(chat.prompt, chat.image or "no image")
+    def _generation(self, chat: Chat) -> Generation:
         budget = self.opts.max_model_len - chat.prompt_tokens
         budget = min(budget, chat.max_tokens) if chat.max_tokens is not None else budget
-        tokens = len(content) // _CHARS_PER_TOKEN + 1
-        finish = "stop"
-        if tokens > budget:
-            content, tokens, finish = content[: budget * _CHARS_PER_TOKEN], budget, "length"
-        self._log({**record, "status": 200, "prompt_tokens": chat.prompt_tokens, "completion_tokens": tokens,
-                   "finish_reason": finish})
+        seed = chat.image or "no image"
+        shape = self.opts.shape
+        if shape is None:
+            return _cut(answer(chat.prompt, seed), budget)
+        draw = PageDraw.of(seed, chat.prompt.task, shape, self.opts.behaviour)
+        pieces = answer_pieces(chat.prompt, seed, tokens=draw.tokens)
+        normal = _cut("".join(pieces), budget)
+        key = (seed, chat.prompt.task.value)
+        self.ideal[key] = normal.tokens
+        if not draw.looping(chat.repetition_penalty, self.opts.behaviour):
+            return Generation(normal.content, normal.tokens, normal.finish, draw)
+        self.looped += 1
+        self.loop_pages.add(key)
+        content, loop_at = loop_answer(chat.prompt, pieces, draw, chars=budget * CHARS_PER_TOKEN)
+        return Generation(content, budget, "length", draw, loop_at // CHARS_PER_TOKEN)
+
+    async def _decoded(self, chat: Chat, gen: Generation, record: dict[str, Any]) -> AsyncIterator[int]:
+        """Run the request on the engine; the tokens decoded so far, each time a chunk's worth is ready."""
+        if self.decode is None:
+            assert isinstance(self.sched, SlotScheduler)
+            record["start"], record["end"] = await self.sched.run(chat.priority)
+            self.tokens["completed"] += gen.tokens
+            yield gen.tokens
+            return
+        assert self.opts.shape is not None
+        seq = Sequence(target=gen.tokens, prefill=self.opts.shape.prefill(chat.prompt_tokens))
+        await self.decode.admit(seq, chat.priority)
+        record["start"] = seq.start
+        try:
+            while True:
+                upto = await self.decode.next_chunk(seq)
+                if seq.complete:
+                    break
+                yield upto
+        finally:
+            record["end"] = self.decode.finish(seq)
+            record["tokens"] = int(seq.decoded)
+        yield gen.tokens
+
+    def _aborted(self, record: dict[str, Any]) -> None:
+        self.aborted += 1
+        self._log({**record, "status": 499, "end": record["end"] or time.time(), "outcome": "abandoned"})
+
+    async def _stream(self, chat: Chat, gen: Generation, record: dict[str, Any]) -> AsyncIterator[bytes]:
+        """The answer as vLLM streams it: server-sent events, a chunk each time tokens are ready."""
+        chunk_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(record["arrival"])
+
+        def event(delta: dict[str, Any], *, logprobs: Any = None, finish: str | None = None,
+                  usage: dict[str, int] | None = None) -> bytes:
+            obj: dict[str, Any] = {"id": chunk_id, "object": "chat.completion.chunk", "created": created,
+                                   "model": self.opts.model, "choices": [{
+                                       "index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish,
+                                       **({"stop_reason": None} if finish else {})}]}
+            if usage is not None:
+                obj["usage"] = usage
+            return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+        sent = 0
+        try:
+            yield event({"role": "assistant", "content": ""})
+            async for upto in self._decoded(chat, gen, record):
+                if upto > sent:
+                    usage = self._usage(chat, upto) if chat.continuous_usage else None
+                    yield event({"content": gen.content[sent * CHARS_PER_TOKEN : upto * CHARS_PER_TOKEN]},
+                                logprobs=self._logprobs(chat, gen, sent, upto), usage=usage)
+                    sent = upto
+        except asyncio.CancelledError:
+            self._aborted(record)
+            raise
+        self._finished(chat, gen, record)
+        yield event({"content": ""}, finish=gen.finish,
+                    usage=self._usage(chat, gen.tokens) if chat.continuous_usage else None)
+        if chat.include_usage:
+            yield (b"data: " + json.dumps({"id": chunk_id, "object": "chat.completion.chunk", "created": created,
+                                           "model": self.opts.model, "choices": [],
+                                           "usage": self._usage(chat, gen.tokens)}).encode() + b"\n\n")
+        yield b"data: [DONE]\n\n"
+
+    def _usage(self, chat: Chat, tokens: int) -> dict[str, int]:
+        return {"prompt_tokens": chat.prompt_tokens, "completion_tokens": tokens,
+                "total_tokens": chat.prompt_tokens + tokens}
+
+    def _logprobs(self, chat: Chat, gen: Generation, start: int, end: int) -> dict[str, Any] | None:
+        """vLLM's ``logprobs.content`` for tokens ``start``..``end``: lower on looping text (shaped engine)."""
+        if not chat.logprobs:
+            return None
+        draw, loop = gen.draw, gen.loop_token
+        content = []
+        for i in range(start, end):
+            value = draw.logprob(i, looping=loop is not None and i >= loop) if draw is not None else -0.02
+            content.append({"token": gen.content[i * CHARS_PER_TOKEN : (i + 1) * CHARS_PER_TOKEN], "logprob": value,
+                            "top_logprobs": []})
+        return {"content": content}
+
+    def _finished(self, chat: Chat, gen: Generation, record: dict[str, Any]) -> None:
+        self.completed += 1
+        self._log({**record, "status": 200, "prompt_tokens": chat.prompt_tokens, "completion_tokens": gen.tokens,
+                   "finish_reason": gen.finish, "outcome": "completed"})
+
+    def _completion(self, chat: Chat, gen: Generation, record: dict[str, Any]) -> Response:
+        self._finished(chat, gen, record)
         return Response.json({
             "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(record["arrival"]),
             "model": self.opts.model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content, "tool_calls": []},
-                         "logprobs": None, "finish_reason": finish, "stop_reason": None}],
-            "usage": {"prompt_tokens": chat.prompt_tokens, "completion_tokens": tokens,
-                      "total_tokens": chat.prompt_tokens + tokens}})
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": gen.content, "tool_calls": []},
+                         "logprobs": self._logprobs(chat, gen, 0, gen.tokens), "finish_reason": gen.finish,
+                         "stop_reason": None}],
+            "usage": self._usage(chat, gen.tokens)})
 
     def _log(self, record: dict[str, Any]) -> None:
         if self.log is not None:
@@ -470,10 +468,19 @@ class SimServer:
             self.log.flush()  # a killed server keeps every line it wrote
 
 
+def _cut(content: str, budget: int) -> Generation:
+    """``content`` as an answer within ``budget`` tokens: cut, and finishing on "length", when longer."""
+    tokens = len(content) // CHARS_PER_TOKEN + 1
+    if tokens > budget:
+        return Generation(content[: budget * CHARS_PER_TOKEN], budget, "length")
+    return Generation(content, tokens, "stop")
+
+
 class HttpConnection(asyncio.Protocol):
     """HTTP/1.1 with keep-alive and Content-Length bodies, one request at a time per connection.
 
-    Losing the connection cancels the request in progress, which is how a request is aborted.
+    Losing the connection cancels the request in progress, or the streaming of its answer, which is how a
+    request is aborted. A streamed answer goes out with chunked transfer encoding, each chunk as it is made.
     """
 
     def __init__(self, server: SimServer) -> None:
@@ -526,18 +533,48 @@ class HttpConnection(asyncio.Protocol):
         self.task = None
         if task.cancelled() or self.transport is None:
             return
-        self._write(task.result(), close=close)
+        resp = task.result()
+        if resp.chunks is not None:  # a streamed answer: the head now, then each chunk as it is made
+            self._write_head(resp, close=close, chunked=True)
+            self.task = asyncio.get_running_loop().create_task(self._pump(resp.chunks))  # type: ignore[arg-type]
+            self.task.add_done_callback(lambda pumped: self._pumped(pumped, close))
+            return
+        self._write(resp, close=close)
         if not close:
+            self._next()
+
+    async def _pump(self, chunks: AsyncIterator[bytes]) -> Response:
+        async for data in chunks:
+            if self.transport is None:
+                break
+            self.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+        if self.transport is not None:
+            self.transport.write(b"0\r\n\r\n")
+        return Response(200)
+
+    def _pumped(self, task: asyncio.Task[Response], close: bool) -> None:
+        self.task = None
+        if task.cancelled() or self.transport is None:
+            return
+        if close:
+            self.transport.close()
+        else:
             self._next()
 
     def _write(self, resp: Response, *, close: bool) -> None:
         if self.transport is None:
             return
-        head = [f"HTTP/1.1 {resp.status} {HTTPStatus(resp.status).phrase}", f"content-type: {resp.content_type}",
-                f"content-length: {len(resp.body)}", *(["connection: close"] if close else []), "", ""]
-        self.transport.write("\r\n".join(head).encode() + resp.body)
+        self._write_head(resp, close=close, chunked=False)
+        self.transport.write(resp.body)
         if close:
             self.transport.close()
+
+    def _write_head(self, resp: Response, *, close: bool, chunked: bool) -> None:
+        assert self.transport is not None
+        length = "transfer-encoding: chunked" if chunked else f"content-length: {len(resp.body)}"
+        head = [f"HTTP/1.1 {resp.status} {HTTPStatus(resp.status).phrase}", f"content-type: {resp.content_type}",
+                length, *(["connection: close"] if close else []), "", ""]
+        self.transport.write("\r\n".join(head).encode())
 
 
 async def serve(opts: Options, *, host: str, port: int, log_path: Path | None) -> None:
@@ -549,7 +586,11 @@ async def serve(opts: Options, *, host: str, port: int, log_path: Path | None) -
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    print(f"sim engine: {opts.model} on http://{host}:{port}/v1, {opts.slots} slots x {opts.latency}s, "
+    b = opts.behaviour
+    engine = (f"{opts.shape.name} ({opts.slots} sequences, {opts.shape.decode_tokens_per_s:g} tokens/s), loops "
+              f"{b.loop_share:g} (stubborn {b.stubborn_share:g}) up to penalty {b.loop_penalty:g}"
+              if opts.shape else f"{opts.slots} slots x {opts.latency}s")
+    print(f"sim engine: {opts.model} on http://{host}:{port}/v1, {engine}, "
           f"{'priority' if opts.priority_scheduling else 'fcfs'} scheduling", flush=True)
     try:
         await stop.wait()
@@ -563,15 +604,27 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m tests.sim_engine", description=__doc__.split("\n\n")[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
-    p.add_argument("--slots", type=int, default=16, help="sequences at once (vLLM --max-num-seqs)")
-    p.add_argument("--latency", type=float, default=0.32, help="seconds each request holds its slot")
+    p.add_argument("--shape", choices=sorted(SHAPES), help="a real model's shape (tests/sim_shape.py) instead of "
+                   "a fixed latency")
+    p.add_argument("--slots", type=int, help="sequences at once (vLLM --max-num-seqs); default 16, or the shape's")
+    p.add_argument("--latency", type=float, default=0.32, help="fixed mode: seconds each request holds its slot")
+    p.add_argument("--loop-share", type=float, default=0.0, help="shaped: share of pages that loop to max_tokens")
+    p.add_argument("--stubborn-share", type=float, default=0.0, help="shaped: share of pages that loop whatever "
+                   "the repetition penalty")
+    p.add_argument("--loop-penalty", type=float, default=1.1, help="shaped: a repetition_penalty above this "
+                   "breaks a loop")
+    p.add_argument("--hard-share", type=float, default=0.0, help="shaped: share of pages read with low confidence")
     p.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs")
     p.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
     p.add_argument("--served-model-name", default=DEFAULT_MODEL)
     p.add_argument("--log", type=Path, help="append one JSON line per finished request")
     args = p.parse_args(argv)
-    opts = Options(slots=args.slots, latency=args.latency, priority_scheduling=args.scheduling_policy == "priority",
-                   max_model_len=args.max_model_len, model=args.served_model_name)
+    shape = SHAPES[args.shape] if args.shape else None
+    slots = args.slots or (shape.max_num_seqs if shape else 16)
+    behaviour = Behaviour(loop_share=args.loop_share, stubborn_share=args.stubborn_share,
+                          loop_penalty=args.loop_penalty, hard_share=args.hard_share)
+    opts = Options(slots=slots, latency=args.latency, priority_scheduling=args.scheduling_policy == "priority",
+                   max_model_len=args.max_model_len, model=args.served_model_name, shape=shape, behaviour=behaviour)
     asyncio.run(serve(opts, host=args.host, port=args.port, log_path=args.log))
 
 
@@ -587,6 +640,7 @@ class SimEngine:
     log_path: Path  # one JSON line per finished request
     slots: int
     latency: float
+    shape: EngineShape | None = None
     _http: httpx.Client | None = field(default=None, repr=False)
 
     @property
@@ -602,8 +656,8 @@ class SimEngine:
 
     @property
     def rate(self) -> float:
-        """Pages per second the engine itself does when kept full."""
-        return self.slots / self.latency
+        """Pages per second the engine itself does when kept full (shaped: at its decode ceiling)."""
+        return self.shape.pages_per_s if self.shape is not None else self.slots / self.latency
 
     def stats(self, *, per_image: bool = True) -> dict[str, Any]:
         """The server's totals (see ``SimServer.stats``); ``per_image``: request counts by image sha1."""
@@ -639,21 +693,31 @@ class SimEngine:
             self._http = None
 
 
-def start_sim_engine(root: Path, *, slots: int, latency: float, scheduling_policy: str = "fcfs",
+def start_sim_engine(root: Path, *, slots: int | None = None, latency: float = 0.32, shape: str | None = None,
+                     behaviour: Behaviour | None = None, scheduling_policy: str = "fcfs",
                      max_model_len: int = DEFAULT_MAX_MODEL_LEN, served_model_name: str = DEFAULT_MODEL,
                      timeout: float = 30) -> SimEngine:
-    """Start a simulated engine on a free loopback port; its output and request log go under ``root``."""
+    """Start a simulated engine on a free loopback port; its output and request log go under ``root``.
+
+    Fixed mode (``slots`` x ``latency``, 16 slots by default) unless ``shape`` names one of ``SHAPES``
+    (``slots`` then defaults to its ``max_num_seqs``); ``behaviour``: the shaped engine's loops and hard pages.
+    """
     root.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log_path = root / f"sim-engine-{port}.jsonl"
     out = root / f"sim-engine-{port}.out"
     repo = Path(__file__).resolve().parents[1]
+    engine_shape = SHAPES[shape] if shape else None
+    slots = slots or (engine_shape.max_num_seqs if engine_shape else 16)
+    b = behaviour or Behaviour()
+    shaped = ["--shape", shape, "--loop-share", str(b.loop_share), "--stubborn-share", str(b.stubborn_share),
+              "--loop-penalty", str(b.loop_penalty), "--hard-share", str(b.hard_share)] if shape else []
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.sim_engine", "--port", str(port), "--slots", str(slots), "--latency",
-         str(latency), "--scheduling-policy", scheduling_policy, "--max-model-len", str(max_model_len),
+         str(latency), *shaped, "--scheduling-policy", scheduling_policy, "--max-model-len", str(max_model_len),
          "--served-model-name", served_model_name, "--log", str(log_path)],
         cwd=repo, stdout=out.open("wb"), stderr=subprocess.STDOUT)
-    engine = SimEngine(f"http://127.0.0.1:{port}/v1", proc, log_path, slots, latency)
+    engine = SimEngine(f"http://127.0.0.1:{port}/v1", proc, log_path, slots, latency, engine_shape)
     deadline = time.monotonic() + timeout
     while True:
         try:

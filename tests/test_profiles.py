@@ -65,9 +65,8 @@ def test_input_specs() -> None:
     assert (generic.encoding, generic.max_side, generic.multiple_of) == ("jpeg", 1600, 28)
 
 
-@pytest.mark.parametrize("name", ["hunyuanocr-1.0", "hunyuanocr-1.5"])
-def test_hunyuan_prompts_are_the_official_ones(name: str) -> None:
-    profile = get_profile(name)
+def test_hunyuan_10_prompts_are_the_official_ones() -> None:
+    profile = get_profile("hunyuanocr-1.0")
     assert profile.prompt(SPOT) == (
         "Detect and recognize text in the image, and output the text coordinates in a formatted manner."
     )
@@ -79,6 +78,33 @@ def test_hunyuan_prompts_are_the_official_ones(name: str) -> None:
     translate = profile.prompt(TaskSpec(task=Task.TRANSLATE, target_language="German"))
     assert translate.startswith("First extract the text, then translate the text content into German. ")
     assert "English" not in translate
+    assert profile.prompt(TaskSpec(task=Task.TABLE)) == "Parse the table in the image into HTML."
+    assert profile.prompt(TaskSpec(task=Task.FORMULA)) == (
+        "Identify the formula in the image and represent it using LaTeX format.")
+
+
+def test_hunyuan_15_prompts_are_its_locked_official_ones() -> None:
+    # Tencent-Hunyuan/HunyuanOCR inference/utils/tasks.py, TASK_PROMPTS (Chinese, one per task type).
+    profile = get_profile("hunyuanocr-1.5")
+    assert profile.prompt(TaskSpec(task=Task.PARSE)) == (
+        "提取文档图片中正文的所有信息用markdown格式表示，其中页眉、页脚部分忽略，表格用html格式表达，文档中公式用"
+        "latex格式表示，按照阅读顺序组织进行解析。")
+    assert profile.prompt(SPOT) == (
+        "检测并识别图中所有的文字行，请按从上到下、从左到右的阅读顺序进行识别。 "
+        "输出格式为 JSON 数组，每个元素必须包含："
+        '"box": [xmin, ymin, xmax, ymax]（坐标需归一化到 [0, 1000] 范围内）；"text": "识别出的文字内容"。 '
+        "注意：请直接输出 JSON 数组，不要包含任何多余的描述性文字。")
+    assert profile.prompt(TaskSpec(task=Task.TEXT)) == "提取图中的文字。"
+    assert profile.prompt(TaskSpec(task=Task.TABLE)) == "把图中的表格解析为HTML。"
+    assert profile.prompt(TaskSpec(task=Task.FORMULA)) == "识别图片中的公式，用LaTeX格式表示。"
+    assert profile.prompt(TaskSpec(task=Task.CHART)) == (
+        "解析图中的图表，对于流程图使用Mermaid格式表示，其他图表使用Markdown格式表示。")
+    assert profile.prompt(TaskSpec(task=Task.TRANSLATE, target_language="English")).endswith("再将文字内容翻译为英文。")
+    assert profile.prompt(TaskSpec(task=Task.TRANSLATE, target_language=" zh ")).endswith("再将文字内容翻译为中文。")
+    # No official 1.5 prompt: another language gets 1.0's template, fields 1.0's Chinese prompt.
+    assert "into German." in profile.prompt(TaskSpec(task=Task.TRANSLATE, target_language="German"))
+    assert profile.prompt(TaskSpec(task=Task.FIELDS, fields=("总金额",))) == (
+        "提取图片中的: ['总金额'] 的字段内容，并按照 JSON 格式返回。")
 
 
 def test_generic_prompts_carry_the_keys_and_the_language() -> None:
@@ -109,14 +135,29 @@ def test_generic_messages_have_no_system_message() -> None:
     assert messages[0]["content"][0] == {"type": "image_url", "image_url": {"url": "http://x/a.jpg"}}
 
 
-@pytest.mark.parametrize(("name", "penalty"), [("hunyuanocr-1.0", 1.0), ("hunyuanocr-1.5", 1.08)])
-def test_sampling_is_greedy(name: str, penalty: float) -> None:
-    assert get_profile(name).sampling(SPOT, max_tokens=4096) == {
+def test_sampling_is_greedy() -> None:
+    assert get_profile("hunyuanocr-1.0").sampling(SPOT, max_tokens=4096) == {
         "temperature": 0.0,
         "top_k": 1,
-        "repetition_penalty": penalty,
+        "repetition_penalty": 1.0,
         "max_tokens": 4096,
     }
+    # As the official 1.5 client sends it (inference/vLLM/infer_vllm_client.py).
+    assert get_profile("hunyuanocr-1.5").sampling(SPOT, max_tokens=4096) == {
+        "temperature": 0.0,
+        "top_k": -1,
+        "top_p": 1.0,
+        "repetition_penalty": 1.08,
+        "max_tokens": 4096,
+        "skip_special_tokens": True,
+    }
+
+
+def test_a_retry_asks_for_a_stronger_penalty_and_may_raise_the_temperature() -> None:
+    retry = get_profile("hunyuanocr-1.0").sampling(SPOT, max_tokens=100, repetition_penalty=1.15)
+    assert (retry["repetition_penalty"], retry["temperature"], retry["top_k"]) == (1.15, 0.0, 1)
+    warm = get_profile("hunyuanocr-1.0").sampling(SPOT, max_tokens=100, repetition_penalty=1.2, temperature=0.3)
+    assert (warm["temperature"], warm["top_k"]) == (0.3, -1)  # top_k 1 would make any temperature greedy
 
 
 # --- repetition clean-up -----------------------------------------------------------------------
@@ -357,3 +398,54 @@ def test_text_and_translate_give_text(profile: Profile, task: Task) -> None:
 def test_strip_fence_unwraps_one_block_only() -> None:
     assert strip_fence("```markdown\n# Title\ntext\n```") == "# Title\ntext"
     assert strip_fence("before\n```\ncode\n```") == "before\n```\ncode\n```"
+
+
+# --- HunyuanOCR 1.5's official answer formats ----------------------------------------------------
+
+
+def _read(task: Task, raw: str, profile: str = "hunyuanocr-1.5") -> EngineOutput:
+    return get_profile(profile).parse(raw, TaskSpec(task=task), image_width=W, image_height=H, finish_reason="stop")
+
+
+def test_15_spotting_json_answer() -> None:
+    raw = ('```json\n[{"box": [100, 50, 500, 100], "text": "发票号码 42609332"}, '
+           '{"box": [100, 900, 250, 950], "text": "总金额 ￥77.10元"}]\n```')
+    out = _read(Task.SPOTTING, raw)
+    assert [line.text for line in out.lines] == ["发票号码 42609332", "总金额 ￥77.10元"]
+    assert out.lines[0].quad == [(80.0, 30.0), (400.0, 30.0), (400.0, 60.0), (80.0, 60.0)]
+
+
+def test_15_table_answer_is_html_with_its_text() -> None:
+    out = _read(Task.TABLE, "<table><tr><td>项目</td><td>金额</td></tr><tr><td>Tea</td><td>3.00</td></tr></table>")
+    assert out.markdown and out.markdown.startswith("<table>")
+    assert out.text == "项目\t金额\nTea\t3.00"
+
+
+@pytest.mark.parametrize("raw", ["$$\n\\frac{a}{b} = c\n$$", "\\[ \\frac{a}{b} = c \\]", "$\\frac{a}{b} = c$",
+                                 "```latex\n\\frac{a}{b} = c\n```", "\\frac{a}{b} = c"])
+def test_15_formula_answer_is_latex(raw: str) -> None:
+    out = _read(Task.FORMULA, raw)
+    assert out.text == "\\frac{a}{b} = c" and out.markdown == "$$\n\\frac{a}{b} = c\n$$"
+
+
+def test_15_chart_answer_keeps_its_mermaid_fence() -> None:
+    raw = "```mermaid\ngraph TD\n    A[开始] --> B[结束]\n```"
+    out = _read(Task.CHART, raw)
+    assert out.markdown == raw and out.text == "graph TD\n    A[开始] --> B[结束]"
+    table = _read(Task.CHART, "| 年份 | 收入 |\n|---|---|\n| 2024 | 12 |")
+    assert table.markdown == "| 年份 | 收入 |\n|---|---|\n| 2024 | 12 |"
+
+
+def test_15_translation_answer_is_text() -> None:
+    out = _read(Task.TRANSLATE, "Invoice number 42609332\nTotal 77.10\n")
+    assert out.text == "Invoice number 42609332\nTotal 77.10"
+
+
+def test_15_doc_parse_is_normalised_and_10_is_not() -> None:
+    raw = ("# 标题\n\n图1 数据来源(39,337),(512,900)\n\n(147,90),(925,415)\n\n"
+           "<table><caption>表1 收入</caption><tr><td>a</td></tr></table>\n\n$\\frac{a}{b}$\n\n"
+           "$$ x = 1 \\tag{2} $$")
+    out = _read(Task.PARSE, raw)
+    assert out.markdown == ("# 标题\n\n图1 数据来源\n\n\n表1 收入\n\n<table><tr><td>a</td></tr></table>\n\n\n\n"
+                            "$$ \\frac{a}{b} $$\n\n\n\n$$ x = 1 $$")
+    assert _read(Task.PARSE, raw, "hunyuanocr-1.0").markdown == raw

@@ -7,6 +7,7 @@ the test took: the machine is noisy, the server's bookkeeping is not.
 from __future__ import annotations
 
 import base64
+import json
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -178,3 +179,42 @@ def test_the_log_counts_engine_calls_per_page_even_after_a_kill(sim: Callable[..
         per_image[record["image"]] = per_image.get(record["image"], 0) + 1
     assert sorted(per_image.values()) == counts == [1, 2, 3]
     assert all(r["status"] == 200 and r["arrival"] <= r["start"] < r["end"] for r in log)
+
+
+@pytest.mark.parametrize("name", ["hunyuanocr-1.0", "hunyuanocr-1.5", "generic"])
+def test_every_profiles_prompts_are_recognised(name: str) -> None:
+    from tests.sim_model import read_prompt
+
+    profile = get_profile(name)
+    for task in Task:
+        spec = TaskSpec(task=task, fields=("total", "date") if task is Task.FIELDS else (), target_language="en")
+        prompt = read_prompt(profile.prompt(spec))
+        assert prompt.task is task, (name, task)
+        assert prompt.json_spotting == (task is Task.SPOTTING and name != "hunyuanocr-1.0")
+        if task is Task.FIELDS:
+            assert prompt.fields == ("total", "date")
+
+
+def test_the_shaped_engine_streams_answers_of_their_own_length_and_frees_an_abandoned_slot(
+        sim: Callable[..., SimEngine]) -> None:
+    engine = sim(shape="fast", slots=None)
+    stream: dict[str, Any] = {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+              "logprobs": True}
+    lengths = []
+    for page in range(3):
+        with engine.http.stream("POST", f"{engine.url}/chat/completions", json=body(page, **stream)) as resp:
+            events = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        assert chunks[-1]["choices"] == [] and chunks[-2]["choices"][0]["finish_reason"] == "stop"
+        text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+        tokens = sum(len((c["choices"][0]["logprobs"] or {}).get("content", ())) for c in chunks if c["choices"])
+        assert tokens == chunks[-1]["usage"]["completion_tokens"] and len(text) <= 3 * tokens
+        assert all("usage" in c for c in chunks[1:])  # continuous usage stats
+        lengths.append(tokens)
+    assert len(set(lengths)) == 3 and all(150 <= n <= 2001 for n in lengths)  # each page its own length
+    with engine.http.stream("POST", f"{engine.url}/chat/completions", json=body(9, **stream)) as resp:
+        next(resp.iter_lines())  # the first chunk, then the client goes away
+    stats = engine.wait_for(lambda s: s["aborted"] == 1 and s["running"] == 0, timeout=2)
+    assert stats["tokens"]["completed"] == sum(lengths) and 0 <= stats["tokens"]["abandoned"] < 1000
+    assert stats["pages"] == 4 and stats["loop_pages"] == 0

@@ -17,7 +17,7 @@ import redis
 
 from paperlane.models.engine import EngineOutput
 from paperlane.priority import keys
-from paperlane.schemas import Line, Usage
+from paperlane.schemas import EngineInfo, Line, Quality, Usage
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +43,20 @@ class EngineAnswers:
 
 
 def _dump(o: EngineOutput) -> dict[str, Any]:
+    # The grade and the engine that read the page (a fallback) travel with the answer: a degenerate or
+    # fallback answer taken from here is flagged as it was when it came.
     return {"text": o.text, "lines": [line.model_dump(mode="json") for line in o.lines], "markdown": o.markdown,
             "fields": o.fields, "missing_fields": o.missing_fields, "truncated": o.truncated,
-            "usage": o.usage.model_dump() if o.usage else None, "raw": o.raw, "seconds": o.seconds}
+            "usage": o.usage.model_dump() if o.usage else None, "raw": o.raw, "seconds": o.seconds,
+            "quality": o.quality.model_dump(mode="json") if o.quality else None,
+            "engine": o.engine.model_dump(mode="json") if o.engine else None}
 
 
 def _load(d: dict[str, Any]) -> EngineOutput:
+    quality, engine = d.get("quality"), d.get("engine")  # absent from answers kept before they were added
     return EngineOutput(text=str(d["text"]), lines=[Line.model_validate(x) for x in d["lines"]],
                         markdown=d["markdown"], fields=d["fields"], missing_fields=list(d["missing_fields"]),
                         truncated=bool(d["truncated"]), usage=Usage.model_validate(d["usage"]) if d["usage"] else None,
-                        raw=d["raw"], seconds=d["seconds"])
+                        raw=d["raw"], seconds=d["seconds"],
+                        quality=Quality.model_validate(quality) if quality else None,
+                        engine=EngineInfo.model_validate(engine) if engine else None)

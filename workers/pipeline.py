@@ -24,7 +24,7 @@ from paperlane.errors import INTERNAL_REASON, InputError, OutOfMemory, Paperlane
 from paperlane.models.engine import Capacity, Engine, EngineOutput, EngineRequest
 from paperlane.models.factory import build_engine
 from paperlane.priority.lanes import LEVELS_PER_LANE, Lane
-from paperlane.schemas import JobStatus, PageResult, Stage, Task, TaskSpec
+from paperlane.schemas import EngineInfo, JobStatus, PageResult, Stage, Task, TaskSpec
 from paperlane.settings import Settings, WorkerSettings
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
@@ -216,7 +216,8 @@ def _finish(rt: Runtime, job: JobRow, spec: TaskSpec, page: PreparedPage, output
     json_key = result_key(job.id)
     rt.store.put(json_key, result_json(result), content_type="application/json")
     timings[Stage.STORE.value] = time.perf_counter() - t1
-    finished = jobstore.finish_succeeded(rt.db, job, result, engine=_engine_name(rt), result_key=json_key,
+    finished = jobstore.finish_succeeded(rt.db, job, result, engine=_engine_name(result.engine or rt.engine.info),
+                                         result_key=json_key,
                                          annotated_key=image_key, timings=timings)
     return PageOutcome(job=job, result=result, timings=timings, annotated=image, outputs_due=finished)
 
@@ -242,8 +243,10 @@ def _stage_reached(timings: dict[str, float]) -> str:
     return Stage.STORE.value
 
 
-def _engine_name(rt: Runtime) -> str:
-    return f"{rt.engine.info.name} {rt.engine.info.version}"[:64]
+def _engine_name(info: EngineInfo) -> str:
+    """The job row's engine: the one that read the page (``rapidocr ... fallback for vllm`` for a fallback)."""
+    fallback = f" fallback for {info.fallback_for}" if info.fallback_for else ""
+    return f"{info.name} {info.version}{fallback}"[:64]
 
 
 def result_json(result: PageResult) -> bytes:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 
 from paperlane.layout import estimate_words, is_rtl, order_lines
+from paperlane.metrics import PAGE_FLAGS, PAGES_GRADED
 from paperlane.models.engine import EngineOutput, PreparedImage
-from paperlane.schemas import Block, EngineInfo, JobStatus, Line, PageResult, Point, Task, TaskSpec
+from paperlane.models.quality import grade
+from paperlane.schemas import Block, EngineInfo, JobStatus, Line, PageResult, Point, Quality, Task, TaskSpec
 from paperlane.settings import LayoutSettings
 
 
@@ -46,7 +48,9 @@ def build_result(*, job_id: str, source: str, page: int, spec: TaskSpec, output:
 
     Lines with boxes are grouped into blocks and put in reading order (``paperlane.layout``),
     each with its words; ``text`` (and, for ``parse``, the markdown, a paragraph a block) follows that
-    order when the engine's text was its lines.
+    order when the engine's text was its lines. ``engine`` is the worker's, unless another one read the
+    page (a fallback); the quality is the engine's grade (an output without one is graded on what it
+    shows), counted in the ``paperlane_page_flags`` and ``paperlane_pages_graded`` metrics.
     """
     lines, blocks = order_lines(with_words(to_original(output.lines, image, size)), page_height=size[1],
                                 settings=layout)
@@ -55,11 +59,13 @@ def build_result(*, job_id: str, source: str, page: int, spec: TaskSpec, output:
     markdown = output.markdown
     if from_lines and spec.task is Task.PARSE and markdown == output.text:
         markdown = _paragraphs(lines, blocks)
+    quality = output.quality or grade(output, confidence=None, min_confidence=0.0)
+    _count(quality)
     return PageResult(
         job_id=job_id, source=source, page=page, status=JobStatus.SUCCEEDED, task=spec.task,
         text=text, lines=lines, blocks=blocks, markdown=markdown, fields=output.fields,
         missing_fields=output.missing_fields, truncated=output.truncated,
-        width=size[0], height=size[1], engine=engine, usage=output.usage,
+        width=size[0], height=size[1], engine=output.engine or engine, usage=output.usage, quality=quality,
     )
 
 
@@ -71,6 +77,12 @@ def _paragraphs(lines: list[Line], blocks: list[Block]) -> str:
     for ln in lines:
         parts[ln.block or 0].append(ln.text)
     return "\n\n".join("\n".join(part) for part in parts if part)
+
+
+def _count(quality: Quality) -> None:
+    for flag in quality.flags:
+        PAGE_FLAGS.labels(flag.value).inc()
+    PAGES_GRADED.labels(str(quality.needs_review).lower()).inc()
 
 
 def _text_is_lines(output: EngineOutput) -> bool:
