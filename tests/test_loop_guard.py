@@ -210,18 +210,21 @@ def test_through_a_worker_a_looping_page_is_one_attempt_and_its_engine_calls_are
 
 
 def test_a_kept_answer_keeps_its_grade_and_engine(redis_service) -> None:  # noqa: ANN001
+    import redis
+
     from paperlane.schemas import EngineInfo, Quality
     from paperlane.workers.answers import EngineAnswers
 
-    answers = EngineAnswers(redis_service.url)
+    client = redis.Redis.from_url(redis_service.url)
     try:
+        answers = EngineAnswers(client)
         flags = {QualityFlag.RETRIED, QualityFlag.FALLBACK}
         out = EngineOutput(text="read by the fallback", quality=Quality.grade(flags, 0.91),
                            engine=EngineInfo(name="rapidocr", version="3", fallback_for="vllm"))
         answers.put("job-kept", out)
         kept = answers.get("job-kept")
     finally:
-        answers.close()
+        client.close()
     assert kept is not None and kept.quality == out.quality and kept.quality.needs_review
     assert kept.engine == out.engine
 
