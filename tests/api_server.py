@@ -32,13 +32,15 @@ class ApiProcess:
     def of(cls, stack: Stack, *, name: str = "api") -> ApiProcess:
         return cls(stack.config, stack.root / f"{name}.log", env=stack.env())
 
-    def wait_ready(self, timeout: float = 60) -> ApiProcess:
+    def wait_ready(self, timeout: float = 60, *, token: str | None = None) -> ApiProcess:
+        """Wait for /readyz (``token``: api.metrics_token, when the stack sets one)."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(f"api exited with {self.proc.returncode}:\n{self.output()[-3000:]}")
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                if httpx.get(f"{self.url}/readyz", headers=headers, timeout=2).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
@@ -47,6 +49,16 @@ class ApiProcess:
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
+
+    def memory(self) -> tuple[float, float]:
+        """(resident, peak resident since the last ``reset_peak``) of the API process, in MiB."""
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines())
+        return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+    def reset_peak(self) -> float:
+        """Start measuring the peak resident memory afresh (Linux: clear_refs 5); the resident memory now, MiB."""
+        Path(f"/proc/{self.proc.pid}/clear_refs").write_text("5")
+        return self.memory()[0]
 
     def stop(self) -> None:
         if self.proc.poll() is None:

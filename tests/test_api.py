@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -16,26 +16,13 @@ from paperlane.producer.webhooks import verify
 from paperlane.storage import webhooks
 from paperlane.storage.db import Database
 from tests.api_server import HOOKS, ApiProcess, Receiver, create_key, receiver_settings, sse_events
-from tests.conftest import Stack, cli, until
+from tests.conftest import cli, until
 from tests.pages import render_page, sample_lines
 from tests.scoring import cer
 
 pytestmark = pytest.mark.slow
 
 API_SETTINGS = {"API__WEBHOOK_PRIVATE": "true", "API__WEBHOOK_BACKOFF": "0.3", "API__MAX_UPLOAD_BYTES": "3000000"}
-
-
-@pytest.fixture
-def api_factory() -> Iterator[Callable[[Stack], ApiProcess]]:
-    started: list[ApiProcess] = []
-
-    def start(stack: Stack) -> ApiProcess:
-        started.append(ApiProcess.of(stack, name=f"api{len(started)}"))
-        return started[-1].wait_ready()
-
-    yield start
-    for api in started:
-        api.stop()
 
 
 def _pdf(seeds: list[int]) -> bytes:

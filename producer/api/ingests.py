@@ -41,10 +41,10 @@ async def post_ingest(req: IngestRequest, svc: ServiceDep, who: CallerDep) -> di
     """Register an s3:// prefix (or a list of keys) as an ingest; registration goes on after the answer."""
     opts, spec = await svc.resolving(checked, req, who, svc.settings.api)  # resolves the callback host
     sources = await to_thread.run_sync(_sources, req, svc, who)
-    await to_thread.run_sync(check_room, svc, who)
     if who.tenant_id in svc.registering_tenants:
         raise ApiError(429, "ingest_registering", "an S3 ingest of this tenant is still being registered",
                        {"Retry-After": "10"})
+    await to_thread.run_sync(check_room, svc, who)
     submitter = Submitter(db=svc.db, store=svc.store, spec=spec, lane=opts.lane, priority=opts.priority,
                           publisher=svc.publisher, limits=svc.settings.ingest, resume=False,
                           owner=ingests.Owner(who.tenant_id, who.key_id, opts.callback_url),
