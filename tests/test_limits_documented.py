@@ -43,10 +43,10 @@ def _value(shown: str) -> Any:
 def test_every_limit_is_in_the_readme_with_its_real_default() -> None:
     rows = _table()
     defaults = Settings().model_dump()
-    for name, shown in rows.items():
+    for name, given in rows.items():
         section, field = name.split(".")
         assert field in defaults[section], f"README names {name}, which is no setting"
-        assert _value(shown) == defaults[section][field], f"{name}: README says {shown}, the default is " \
+        assert _value(given) == defaults[section][field], f"{name}: README says {given}, the default is " \
                                                           f"{defaults[section][field]}"
     for section, model in (("api", ApiSettings), ("ingest", IngestSettings)):
         shown = {n.split(".")[1] for n in rows if n.startswith(f"{section}.")}
