@@ -205,11 +205,20 @@ def list_grants(db: Database, tenant: str | None = None) -> list[tuple[str, str,
         return [(str(n), str(b), str(p)) for n, b, p in s.execute(query)]
 
 
-def may_ingest(db: Database, tenant_id: str, bucket: str, prefix: str) -> bool:
-    """Whether a grant of ``tenant_id`` covers every object ``s3://bucket/prefix`` lists: the prefix (as a folder)
-    lies in a granted folder. Compared in Python, literally: no LIKE pattern."""
+def granted(db: Database, tenant_id: str) -> list[tuple[str, str]]:
+    """(bucket, prefix) of every grant of ``tenant_id``."""
+    g = IngestGrantRow
     with db.session() as s:
-        granted = list(s.scalars(select(IngestGrantRow.prefix).where(IngestGrantRow.tenant_id == tenant_id,
-                                                                      IngestGrantRow.bucket == bucket)))
+        return [(str(b), str(p)) for b, p in s.execute(select(g.bucket, g.prefix).where(g.tenant_id == tenant_id))]
+
+
+def covers(grants: list[tuple[str, str]], bucket: str, prefix: str) -> bool:
+    """Whether one of ``grants`` covers every object ``s3://bucket/prefix`` lists: the prefix (as a folder) lies in
+    a granted folder. Compared literally: no LIKE pattern."""
     wanted = prefix.lstrip("/") + "/"
-    return any(wanted.startswith(g) for g in granted)
+    return any(b == bucket and wanted.startswith(p) for b, p in grants)
+
+
+def may_ingest(db: Database, tenant_id: str, bucket: str, prefix: str) -> bool:
+    """Whether a grant of ``tenant_id`` covers ``s3://bucket/prefix`` (``covers``)."""
+    return covers(granted(db, tenant_id), bucket, prefix)

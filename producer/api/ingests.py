@@ -79,13 +79,14 @@ def _sources(req: IngestRequest, svc: Service, who: Caller) -> list[str]:
         sources = [f"s3://{req.bucket}/{k.lstrip('/')}" for k in req.keys]
     else:
         raise ApiError(422, "invalid_request", "give source (s3://bucket/prefix) or bucket and keys")
+    grants = tenants.granted(svc.db, who.tenant_id)
     for s in sources:
         inputs.check_paths([s])
         bucket, _, prefix = s[5:].partition("/")
         if any(not c.isprintable() for c in s) or any(part in (".", "..") for part in prefix.split("/")):
             raise ApiError(400, "invalid_request", "an S3 key or prefix may not hold control characters or . or .. "
                            "as a path segment")
-        if bucket == svc.settings.storage.bucket or not tenants.may_ingest(svc.db, who.tenant_id, bucket, prefix):
+        if bucket == svc.settings.storage.bucket or not tenants.covers(grants, bucket, prefix):
             raise ApiError(403, "bucket_forbidden", f"this tenant may not ingest s3://{bucket}/{prefix}")
     return sources
 
