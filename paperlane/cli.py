@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import sys
+import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -154,17 +155,28 @@ def _sources(paths: list[Path]) -> list[str]:
     return [str(p) if str(p).startswith("s3://") else str(p.resolve()) for p in paths]
 
 
+def _shown(text: object) -> str:
+    """Text from outside (a member's or an ingest's name, a reason) as the terminal shows it: no rich markup, no
+    control character (an escape sequence would drive the terminal), no bidirectional override."""
+    plain = "".join("\ufffd" if unicodedata.category(c) == "Cc" or c in _BIDI else c for c in str(text))
+    return escape(plain)
+
+
+_BIDI = frozenset("\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
 def _print_skipped(item: Skipped) -> None:
-    out.print(f"[yellow]skipped[/] {item.source}  {item.reason}", highlight=False)
+    out.print(f"[yellow]skipped[/] {_shown(item.source)}  {_shown(item.reason)}", highlight=False)
 
 
 def _print_page(name: str, result: PageResult) -> None:
     total = sum(v for k, v in result.timings.items() if k not in ("upload", "queue_wait"))
     if result.status is JobStatus.SUCCEEDED:
         flag = " (truncated)" if result.truncated else ""
-        out.print(f"[green]ok[/]     {name}  {len(result.lines)} lines, {len(result.text)} chars, {total:.2f}s{flag}")
+        out.print(f"[green]ok[/]     {_shown(name)}  {len(result.lines)} lines, {len(result.text)} chars, "
+                  f"{total:.2f}s{flag}", highlight=False)
     else:
-        out.print(f"[red]failed[/] {name}  {result.error}", highlight=False)
+        out.print(f"[red]failed[/] {_shown(name)}  {_shown(result.error)}", highlight=False)
 
 
 def _print_time_table(timings: list[dict[str, float]]) -> None:
@@ -318,7 +330,7 @@ def status(
 def _print_progress(v: dict[str, Any]) -> None:
     kind = "ingest" if "ingest_id" in v and "documents" in v else "document"
     state = RollupState(v["status"])
-    out.print(f"[bold]{kind} {v[f'{kind}_id']}[/]  {escape(v['name'])}  [{_colour(state)}]{state.value}[/]",
+    out.print(f"[bold]{kind} {v[f'{kind}_id']}[/]  {_shown(v['name'])}  [{_colour(state)}]{state.value}[/]",
               highlight=False)
     final = v[PageState.SUCCEEDED.value] + v[PageState.FAILED.value]
     extra = f", {v['documents']} documents, {v['skipped']} files skipped" if kind == "ingest" else ""
@@ -327,13 +339,13 @@ def _print_progress(v: dict[str, Any]) -> None:
               + (f"  [red]{PageState.UNPUBLISHED.value} {v[PageState.UNPUBLISHED.value]} (broker was unreachable; "
                  "submit again)[/]" if v[PageState.UNPUBLISHED.value] else ""))
     if v.get("outputs") and v["outputs"]["state"]:
-        failed = f" ({escape(v['outputs']['error'])})" if v["outputs"]["error"] else ""
+        failed = f" ({_shown(v['outputs']['error'])})" if v["outputs"]["error"] else ""
         out.print(f"  outputs {v['outputs']['state']}{failed}", highlight=False)
     if v.get("pages_per_s"):
         eta = f", about {_duration(v['eta_s'])} left" if v["eta_s"] and not state.final else ""
         out.print(f"  {v['pages_per_s']:.1f} pages/s{eta}")
     for f in v["failures"]:
-        out.print(f"  [red]{f['pages']:>6}[/] {escape(f['reason'])}", highlight=False)
+        out.print(f"  [red]{f['pages']:>6}[/] {_shown(f['reason'])}", highlight=False)
 
 
 def _colour(state: RollupState | PageState | None) -> str:
@@ -365,17 +377,17 @@ def _print_job(v: dict[str, Any]) -> None:
     if v["status"] is None:
         out.print("  no such job")
         return
-    out.print(f"  {escape(v['source'])} page {v['page']}  lane={v['lane']} task={v['task']} attempts={v['attempts']}",
+    out.print(f"  {_shown(v['source'])} page {v['page']}  lane={v['lane']} task={v['task']} attempts={v['attempts']}",
               highlight=False)
     if v["worker"]:
-        out.print(f"  held by {v['worker']} (lease until {v['lease_until']})", highlight=False)
+        out.print(f"  held by {_shown(v['worker'])} (lease until {v['lease_until']})", highlight=False)
     if v["error"]:
-        out.print(f"  error ({v['error_stage'] or '?'}): {escape(v['error'])}", highlight=False)
+        out.print(f"  error ({v['error_stage'] or '?'}): {_shown(v['error'])}", highlight=False)
     if v["timings"]:
         out.print("  " + "  ".join(f"{k}={s * 1000:.0f}ms" for k, s in v["timings"].items()))
     for key in ("result", "annotated"):
         if v[key]:
-            out.print(f"  {key}: {escape(v[key])}", highlight=False)
+            out.print(f"  {key}: {_shown(v[key])}", highlight=False)
 
 
 @app.command()
@@ -433,10 +445,11 @@ def keys_create(
     db.upgrade()
     made = tenants.create_key(db, tenant=tenant, interactive=interactive)
     if made.tenant_created:
-        err.print(f"tenant {tenant} created ({made.tenant_id}); its webhook signing secret: {made.webhook_secret}",
+        err.print(f"tenant {_shown(tenant)} created ({made.tenant_id}); its webhook signing secret: "
+                  f"{made.webhook_secret}",
                   highlight=False, soft_wrap=True)
     lanes = "interactive and batch lanes" if interactive else "batch lane only"
-    err.print(f"key {made.key[:10]}... for {tenant} ({lanes}); store it now, it is not shown again:",
+    err.print(f"key {made.key[:10]}... for {_shown(tenant)} ({lanes}); store it now, it is not shown again:",
               highlight=False)
     print(made.key)
 
@@ -450,7 +463,7 @@ def keys_list(tenant: Annotated[str | None, typer.Option("--tenant")] = None) ->
     db = Database(_settings().database_url)
     table = Table("key", "tenant", "lanes", "created", "revoked")
     for key, name in tenants.list_keys(db, tenant):
-        table.add_row(f"{key.prefix}...", name, "interactive, batch" if key.interactive else "batch",
+        table.add_row(f"{key.prefix}...", _shown(name), "interactive, batch" if key.interactive else "batch",
                       key.created_at.strftime("%Y-%m-%d %H:%M"),
                       key.revoked_at.strftime("%Y-%m-%d %H:%M") if key.revoked_at else "")
     out.print(table)
@@ -458,7 +471,7 @@ def keys_list(tenant: Annotated[str | None, typer.Option("--tenant")] = None) ->
 
 @keys_app.command("revoke")
 def keys_revoke(prefix: Annotated[str, typer.Argument(help="the key, or its first 8-10 characters")]) -> None:
-    """Revoke a key (API replicas stop accepting it within seconds)."""
+    """Revoke a key (API replicas stop accepting it within seconds). A prefix is matched literally."""
     from paperlane.storage import tenants
     from paperlane.storage.db import Database
 
@@ -467,14 +480,81 @@ def keys_revoke(prefix: Annotated[str, typer.Argument(help="the key, or its firs
     raise typer.Exit(0 if n else 1)
 
 
+@keys_app.command("rotate-secret")
+def keys_rotate_secret(tenant: Annotated[str, typer.Option("--tenant", help="the tenant's name")]) -> None:
+    """Give a tenant a new webhook signing secret, printed once on stdout: every webhook from now on is signed
+    with it (the old one stops at once)."""
+    from paperlane.storage import tenants
+    from paperlane.storage.db import Database
+
+    db = Database(_settings().database_url)
+    db.upgrade()
+    secret = tenants.rotate_webhook_secret(db, tenant)
+    err.print(f"tenant {_shown(tenant)}: new webhook signing secret (not shown again):", highlight=False)
+    print(secret)
+
+
+S3Opt = Annotated[str, typer.Argument(help="s3://BUCKET/PREFIX (a folder; s3://BUCKET/ for the whole bucket)")]
+
+
+@keys_app.command("grant")
+def keys_grant(tenant: Annotated[str, typer.Option("--tenant", help="the tenant's name")], source: S3Opt) -> None:
+    """Let a tenant ingest (POST /v1/ingests) the objects under an S3 prefix, read with paperlane's own S3
+    credentials. paperlane's own bucket cannot be granted."""
+    from paperlane.storage import tenants
+    from paperlane.storage.db import Database
+
+    settings = _settings()
+    bucket, prefix = _s3_prefix(source)
+    if bucket == settings.storage.bucket:
+        raise UsageError(f"s3://{bucket} is paperlane's own bucket (storage.bucket): it is never ingestible")
+    db = Database(settings.database_url)
+    db.upgrade()
+    stored = tenants.grant_ingest(db, tenant, bucket, prefix)
+    err.print(f"tenant {_shown(tenant)} may ingest s3://{_shown(bucket)}/{_shown(stored)}", highlight=False)
+
+
+@keys_app.command("ungrant")
+def keys_ungrant(tenant: Annotated[str, typer.Option("--tenant", help="the tenant's name")], source: S3Opt) -> None:
+    """Withdraw a grant made with ``keys grant`` (ingests already registered go on)."""
+    from paperlane.storage import tenants
+    from paperlane.storage.db import Database
+
+    bucket, prefix = _s3_prefix(source)
+    n = tenants.revoke_grant(Database(_settings().database_url), tenant, bucket, prefix)
+    err.print(f"{n} grant{'s' if n != 1 else ''} withdrawn", highlight=False)
+    raise typer.Exit(0 if n else 1)
+
+
+@keys_app.command("grants")
+def keys_grants(tenant: Annotated[str | None, typer.Option("--tenant")] = None) -> None:
+    """The S3 prefixes each tenant may ingest."""
+    from paperlane.storage import tenants
+    from paperlane.storage.db import Database
+
+    table = Table("tenant", "may ingest")
+    for name, bucket, prefix in tenants.list_grants(Database(_settings().database_url), tenant):
+        table.add_row(_shown(name), _shown(f"s3://{bucket}/{prefix}"))
+    out.print(table)
+
+
+def _s3_prefix(source: str) -> tuple[str, str]:
+    if not source.startswith("s3://") or not source[5:].partition("/")[0]:
+        raise UsageError(f"give s3://BUCKET/PREFIX, not {source}")
+    bucket, _, prefix = source[5:].partition("/")
+    if any(part in (".", "..") for part in prefix.split("/")):
+        raise UsageError("a prefix may not hold . or .. as a path segment")
+    return bucket, prefix
+
+
 def main() -> None:
     try:
         app()
     except UsageError as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False)
+        err.print(f"[red]error:[/] {_shown(exc)}", highlight=False)
         sys.exit(2)
     except PaperlaneError as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False)
+        err.print(f"[red]error:[/] {_shown(exc)}", highlight=False)
         sys.exit(1)
 
 
@@ -501,7 +581,7 @@ def dead_letters(
         print(json.dumps([asdict(d) for d in found], indent=1, ensure_ascii=False))
         return
     for d in found:
-        out.print(f"{d.at}  {d.queue or '?'}  [red]{escape(d.reason)}[/]", highlight=False)
+        out.print(f"{d.at}  {d.queue or '?'}  [red]{_shown(d.reason)}[/]", highlight=False)
         message = d.message if len(d.message) <= 300 else d.message[:297] + "..."
-        out.print(f"  {'base64 ' if d.encoding == 'base64' else ''}{message}", highlight=False, markup=False)
+        out.print(f"  {'base64 ' if d.encoding == 'base64' else ''}{_shown(message)}", highlight=False)
     err.print(f"{len(found)} dead letters{' purged' if purge else ''}", highlight=False)

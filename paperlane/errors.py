@@ -11,6 +11,8 @@
      │    └── ObjectNotFound      a key that should exist does not
      ├── NotFound                 no such id (the API answers 404)
      │    ├── JobNotFound, IngestNotFound, DocumentNotFound, PageNotFound, TenantNotFound
+     ├── OverBudget               the tenant has as many pages in flight as it may (retryable when the pages
+     │                            asked for fit in its budget at all)
      ├── OutOfMemory              not enough memory for this page now (retryable)
      └── WorkerStopping           the worker stopped before the page was done: back to its lane, the attempt
                                   not counted (retryable)
@@ -26,6 +28,7 @@ the log, so internal details never reach a client.
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar
 
 
@@ -121,6 +124,26 @@ class TenantNotFound(NotFound):
     what = "tenant"
 
 
+class OverBudget(PaperlaneError):
+    """A tenant's pages in flight would pass its budget: retryable once some are final, unless the pages asked
+    for are more than the whole budget."""
+
+    def __init__(self, *, asked: int, in_flight: int, cap: int) -> None:
+        if asked > cap:
+            message = f"{asked:,} pages are more than this tenant may have in flight ({cap:,})"
+        else:
+            message = f"this tenant has {in_flight:,} pages in flight; {asked:,} more would pass its {cap:,}"
+        super().__init__(message, stage="upload", retryable=asked <= cap)
+        self.asked, self.in_flight, self.cap = asked, in_flight, cap
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_over_budget, (self.asked, self.in_flight, self.cap))
+
+
+def _over_budget(asked: int, in_flight: int, cap: int) -> OverBudget:
+    return OverBudget(asked=asked, in_flight=in_flight, cap=cap)
+
+
 class OutOfMemory(PaperlaneError):
     """Memory ran out while working on a page: a later try, with the worker less busy, may succeed."""
 
@@ -147,3 +170,23 @@ def public_reason(exc: BaseException) -> str:
 def is_retryable(exc: BaseException) -> bool:
     """True when trying the same page again may succeed."""
     return isinstance(exc, PaperlaneError) and exc.retryable
+
+
+# What a reason must not tell a client: where paperlane's services are (URLs, addresses, host:port, psycopg2's
+# 'server at "db"'), and SQL (SQLAlchemy's "[SQL: ...]", a statement quoted in a driver's message).
+_ADDRESSES = re.compile(r"""
+      \b(?!s3://)[a-z][a-z0-9+.-]*://[^\s'"<>()]+         # a URL (an s3:// one names a bucket: the caller's)
+    | \[[0-9a-f:.]+\](?::\d+)?                         # [IPv6]:port
+    | \b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b             # IPv4[:port]
+    | (?<![\w:])(?:[0-9a-f]{0,4}:){2,7}[0-9a-f]{1,4}\b # IPv6
+    | \b(?=[\w.-]*[a-z])[a-z0-9_-]+(?:\.[a-z0-9_-]+)*:\d{2,5}\b  # host:port
+    | \b(?:server|host)\s+(?:at\s+)?"[^"]*"(?:\s*(?:\([^)]*\)))?(?:,\s*port\s+\d+)?  # psycopg2
+""", re.I | re.X)
+_SQL = re.compile(r"\s*(?:\[SQL:|\[parameters:|\(Background on this error|\b(?:SELECT|INSERT INTO|UPDATE|DELETE "
+                  r"FROM|CREATE|DROP|ALTER)\s).*", re.S)
+REDACTED = "<internal address>"
+
+
+def redact(text: str) -> str:
+    """``text`` without internal host names, addresses and SQL: what a reason may show a client."""
+    return _ADDRESSES.sub(REDACTED, _SQL.sub("", text)).strip() or "internal error"

@@ -11,6 +11,7 @@ Nested sections use ``__``: ``PAPERLANE_DATABASE__URL=postgresql+psycopg2://...`
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from enum import Enum
 from pathlib import Path
@@ -221,13 +222,22 @@ class LayoutSettings(BaseModel):
 class IngestSettings(BaseModel):
     """Limits on what one submit or run reads: each refusal is one readable line on that item, the rest goes on."""
 
-    max_document_bytes: int = Field(512 * 1024 * 1024, ge=1, description="one file or archive member, "
-                                    "uncompressed (it is held in memory or a spooled temp file)")
+    max_document_bytes: int = Field(200 * 1024 * 1024, ge=1, description="one file or archive member, "
+                                    "uncompressed (it is held in memory or a spooled temp file); at most "
+                                    "worker.max_input_bytes, for a larger one would be stored for workers to refuse")
     max_archive_bytes: int = Field(64 * 1024**3, ge=1, description="all members of one archive, uncompressed")
-    max_members: int = Field(1_000_000, ge=1, description="members of one archive")
+    max_members: int = Field(100_000, ge=1, description="members of one archive (a zip's are counted in its "
+                             "central directory before zipfile reads it: ~500 bytes of memory each)")
     max_ratio: float = Field(1100.0, ge=1, description="uncompressed/compressed size of a member (bombs); above "
                              "deflate's ceiling (~1,032:1, which a blank uncompressed page reaches), so zip and gzip "
                              "members are bounded by the size limits and bzip2/xz bombs are refused early")
+    max_expansion: float = Field(20.0, ge=1, description="bytes read out of archives per byte sent, over one whole "
+                                 "upload, submit or S3 ingest (past expansion_floor): archives past it are refused "
+                                 "the moment they cross it")
+    expansion_floor: int = Field(256 * 1024**2, ge=0, description="bytes one upload, submit or ingest may read out "
+                                 "of archives whatever it sent (a small zip of blank uncompressed pages)")
+    max_inflated_bytes: int = Field(64 * 1024**3, ge=1, description="bytes one upload, submit or ingest may read "
+                                    "out of archives at most, whatever it sent")
     max_depth: int = Field(3, ge=0, description="archives nested in archives")
     max_pages: int = Field(10_000, ge=1, description="pages of one PDF or TIFF")
     spool_bytes: int = Field(32 * 1024 * 1024, ge=0, description="larger members go to a temp file, not memory")
@@ -235,22 +245,61 @@ class IngestSettings(BaseModel):
 
 
 class ApiSettings(BaseModel):
-    """``paperlane api``: the HTTP API and its web page."""
+    """``paperlane api``: the HTTP API and its web page. README, "Threat model and limits", lists them all."""
 
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     max_upload_bytes: int = Field(100 * 1024 * 1024, ge=1, description="one upload; 413 while reading past it")
-    rate_per_minute: int = Field(600, ge=1, description="requests per API key per minute (429 past it)")
-    max_pages_in_flight: int = Field(2000, ge=1, description="pages per API key not yet final (429 past it)")
+    max_body_bytes: int = Field(1024 * 1024, ge=1, description="any other request body (JSON); 413 past it")
+    rate_per_minute: int = Field(600, ge=1, description="requests per API key in any 60 s (429 past it)")
+    tenant_rate_per_minute: int = Field(1200, ge=1, description="requests per tenant, all its keys, in any 60 s")
+    auth_failures_per_minute: int = Field(20, ge=1, description="requests with a missing or wrong key per client "
+                                          "address in any 60 s; past it every request from there is refused (429)")
+    trusted_proxies: list[str] = Field(default_factory=lambda: ["127.0.0.1"], description="addresses whose "
+                                       "X-Forwarded-For names the client (uvicorn's forwarded_allow_ips)")
+    max_pages_in_flight: int = Field(2000, ge=1, description="pages per tenant registered and not yet final, "
+                                     "reserved as they are registered (429 past it); a tenant's own "
+                                     "max_pages_in_flight, when set, overrides it")
+    max_pages_per_upload: int = Field(1000, ge=1, description="pages of one upload (413 past it)")
     max_wait: float = Field(60.0, ge=0, description="longest ?wait= a status request may hold")
+    max_streams_per_key: int = Field(20, ge=1, description="event streams (and long polls) one key holds open "
+                                     "at once, over every replica (429 past it)")
+    stream_seconds: float = Field(900.0, gt=0, description="longest an event stream stays open; the client "
+                                  "reconnects and gets the pages already final again")
+    stream_poll: float = Field(1.0, gt=0, description="seconds between database reads of an open stream or poll")
+    stream_threads: int = Field(8, ge=1, description="threads that read the database for streams and polls")
+    register_threads: int = Field(8, ge=1, description="threads that register uploads (uploads past them wait)")
+    ingest_threads: int = Field(4, ge=1, description="S3 ingests registered at once (one per tenant; others wait)")
     url_expiry: int = Field(300, ge=1, description="seconds a presigned image URL stays valid")
     webhook_attempts: int = Field(6, ge=1, description="deliveries of one webhook before it is given up")
     webhook_backoff: float = Field(2.0, ge=0, description="seconds before the first webhook retry; doubles")
-    webhook_timeout: float = Field(10.0, gt=0, description="seconds one webhook delivery may take")
+    webhook_timeout: float = Field(10.0, gt=0, description="seconds one webhook delivery may take in all: the "
+                                   "name resolved, connected, sent, the answer's status line and headers read "
+                                   "(its body never is); also the longest a callback's host may take to resolve")
+    webhook_concurrency: int = Field(32, ge=1, description="webhook deliveries in progress at once per API process")
     webhook_private: bool = Field(False, description="allow callback URLs on loopback and private addresses "
                                   "(one-box installs, tests); off, they are refused as a request forgery risk")
-    ingest_buckets: list[str] = Field(default_factory=list, description="buckets POST /v1/ingests may read "
-                                      "(with paperlane's own S3 credentials); none: the endpoint refuses all")
+    webhook_ports: list[int] = Field(default_factory=lambda: [80, 443], description="ports a callback URL may use")
+    webhook_hosts: dict[str, str] = Field(default_factory=dict, description="callback host name -> the address "
+                                          "used instead of DNS (split-horizon installs, tests); checked like any")
+    metrics_token: SecretStr | None = Field(None, description="when set, /metrics and /readyz need "
+                                            "Authorization: Bearer <it>; unset, they are open")
+
+    @field_validator("webhook_hosts")
+    @classmethod
+    def _addresses(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, address in value.items():
+            ipaddress.ip_address(address)  # ValueError: not an IP address
+            if name != name.lower().rstrip(".") or not name.isascii():
+                raise ValueError(f"webhook_hosts: {name!r} must be a lower-case ASCII name without a final dot")
+        return value
+
+    @field_validator("webhook_ports")
+    @classmethod
+    def _ports(cls, value: list[int]) -> list[int]:
+        if not value or not all(1 <= p <= 65535 for p in value):
+            raise ValueError("webhook_ports: at least one port, each 1-65535")
+        return value
 
 
 class MetricsSettings(BaseModel):
@@ -280,6 +329,14 @@ class Settings(BaseSettings):
     api: ApiSettings = Field(default_factory=ApiSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     layout: LayoutSettings = Field(default_factory=LayoutSettings)
+
+    @model_validator(mode="after")
+    def _documents_workers_take(self) -> Settings:
+        if self.ingest.max_document_bytes > self.worker.max_input_bytes:
+            raise ValueError(f"ingest.max_document_bytes ({self.ingest.max_document_bytes}) is above "
+                             f"worker.max_input_bytes ({self.worker.max_input_bytes}): documents workers refuse "
+                             "would be read and stored")
+        return self
 
     @property
     def database_url(self) -> str:

@@ -12,7 +12,9 @@ messages delivered but not yet acknowledged (``UNACKED``).
     paperlane.delayed (channel)        "a page was delayed": wakes every worker's retry clock
     paperlane.dead-letter              messages no worker could take (list, newest first)   priority.deadletter
     paperlane.answer.<job>             an engine's answer, kept an hour                   workers.answers
-    paperlane.rate.<subject>.<minute>  API requests counted per key and minute            producer.api
+    paperlane.rate.<subject>           the API's requests in the last minute, per key, tenant and (failed
+                                       authentications) client address: a sliding log   producer.api.limits
+    paperlane.streams.<key>            a key's open event streams and long polls, each until it expires
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ DELAYED_CHANNEL = "paperlane.delayed"
 DEAD_LETTERS = "paperlane.dead-letter"
 _ANSWER = "paperlane.answer."
 _RATE = "paperlane.rate."
+_STREAMS = "paperlane.streams."
 _QUEUE = "paperlane."
 
 
@@ -45,6 +48,11 @@ def answer(job_id: str) -> str:
     return f"{_ANSWER}{job_id}"
 
 
-def rate(subject: str, window: int) -> str:
-    """The request counter of ``subject`` (an API key) in minute ``window``."""
-    return f"{_RATE}{subject}.{window}"
+def rate(subject: str) -> str:
+    """The sliding log of requests of ``subject`` ("key.<id>", "tenant.<id>", "client.<address>")."""
+    return f"{_RATE}{subject}"
+
+
+def streams(key_id: str) -> str:
+    """The open streams of the API key ``key_id`` (a sorted set: stream -> when it lapses)."""
+    return f"{_STREAMS}{key_id}"

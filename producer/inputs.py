@@ -11,6 +11,10 @@ Hostile input is one item's refusal, never an exception out of ``expand``: a ``D
 ``error`` says in one line what is wrong with it (too large, a zip bomb's ratio, nested too deep,
 encrypted, corrupt, truncated, not a regular file), while the rest goes on. The limits are
 ``IngestSettings``. Member names are only strings: nothing is ever extracted to the filesystem.
+
+What archives may cost is bounded over the whole call (an upload, a submit, an S3 ingest) by an ``Inflation``:
+the bytes read out of archives, counted as they inflate, against a multiple of the bytes sent. Crossing it
+refuses the archive being read at once (and every archive after it); ``Inflation.exceeded`` says so.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import lzma
 import os
 import re
 import stat
+import struct
 import tarfile
 import tempfile
 import time
@@ -88,6 +93,45 @@ class _ArchiveFull(Exception):
     """The archive being streamed holds too much: the rest of it is refused."""
 
 
+class Inflation:
+    """What one upload, submit or ingest may read out of archives: ``ingest.max_expansion`` times the bytes it was
+    sent (at least ``ingest.expansion_floor``), never more than ``ingest.max_inflated_bytes``. Crossing it refuses
+    the archive being read, and every archive after it: ``exceeded`` says why."""
+
+    def __init__(self, limits: IngestSettings) -> None:
+        self._limits = limits
+        self.sent = 0  # bytes of the files, uploads and objects read
+        self.inflated = 0  # bytes read out of archives (a member of a nested archive counts at each level)
+        self.exceeded: str | None = None
+
+    def send(self, size: int) -> None:
+        self.sent += size
+
+    def allowed(self) -> int:
+        limits = self._limits
+        return min(limits.max_inflated_bytes, max(limits.expansion_floor, int(limits.max_expansion * self.sent)))
+
+    def inflate(self, size: int) -> None:
+        """Count ``size`` bytes just read out of an archive; raises _ArchiveFull once past what is allowed."""
+        self.inflated += size
+        if self.exceeded is None and self.inflated > (allowed := self.allowed()):
+            if allowed >= self._limits.max_inflated_bytes:
+                self.exceeded = f"archives inflate past {_bytes(allowed)} (ingest.max_inflated_bytes)"
+            else:
+                self.exceeded = (f"archives inflate past {_bytes(allowed)}, {self._limits.max_expansion:g} times the "
+                                 f"{_bytes(self.sent)} sent (ingest.max_expansion, ingest.expansion_floor)")
+        if self.exceeded is not None:
+            raise _ArchiveFull(self.exceeded)
+
+
+@dataclass
+class _Reading:
+    """What one call of ``expand`` (or ``expand_upload``) reads under: its limits and its inflation so far."""
+
+    limits: IngestSettings
+    inflation: Inflation
+
+
 def check_paths(paths: Iterable[str | Path]) -> None:
     """Raise UsageError for a local path that does not exist or an s3:// URL without a bucket. Opens nothing."""
     for raw in paths:
@@ -99,33 +143,37 @@ def check_paths(paths: Iterable[str | Path]) -> None:
             raise UsageError(f"no such file or folder: {text}")
 
 
-def expand(paths: Iterable[str | Path], limits: IngestSettings, *, s3: Any = None) -> Iterator[Document | Skipped]:
+def expand(paths: Iterable[str | Path], limits: IngestSettings, *, s3: Any = None,
+           inflation: Inflation | None = None) -> Iterator[Document | Skipped]:
     """Every document under ``paths``, in a stable order, and every file skipped on the way.
 
     Folders are walked in name order, archive members come in archive order, S3 objects in key order.
     ``s3`` is a boto3 S3 client, needed only for ``s3://bucket/prefix`` paths. Raises UsageError for a path
     that does not exist (``check_paths`` says so before anything loads), an s3:// path without a client or
     with nothing under it, or a bucket that cannot be listed; StorageUnavailable when S3 cannot be reached.
-    Anything wrong with one input is that input's refused ``Document``, never an exception.
+    Anything wrong with one input is that input's refused ``Document``, never an exception. ``inflation``: what
+    archives have cost so far (one is made for this call otherwise).
     """
+    ctx = _Reading(limits, inflation or Inflation(limits))
     for raw in paths:
         text = str(raw)
         if text.startswith("s3://"):
-            yield from _s3_objects(text, limits, s3)
+            yield from _s3_objects(text, ctx, s3)
         elif os.path.isdir(text):
-            yield from _walk(text, limits)
+            yield from _walk(text, ctx)
         elif os.path.exists(text):
-            yield from _file(Path(text), limits, explicit=True)
+            yield from _file(Path(text), ctx, explicit=True)
         else:
-            raise UsageError(f"no such file or folder: {text}")
+            raise UsageError(f"no such file or folder: {_text(text)}")
 
 
-def expand_upload(source: str, name: str, fh: IO[bytes], size: int,
-                  limits: IngestSettings) -> Iterator[Document | Skipped]:
+def expand_upload(source: str, name: str, fh: IO[bytes], size: int, limits: IngestSettings, *,
+                  inflation: Inflation | None = None) -> Iterator[Document | Skipped]:
     """An uploaded file (the HTTP API, which checks its type by ``filetypes.sniff`` first): a document, or an archive's
     documents. ``fh`` is seekable (a spooled temporary file); it is closed when read."""
-    item = _Item(source, name, size, lambda: fh, seekable=True)
-    yield from _guarded(item, "upload", _item(item, limits, 0, explicit=True))
+    item = _Item(source, _text(name), size, lambda: fh, seekable=True)
+    yield from _guarded(item, "upload", _item(item, _Reading(limits, inflation or Inflation(limits)), 0,
+                                                   explicit=True))
 
 
 def safe_name(name: str) -> str:
@@ -133,7 +181,7 @@ def safe_name(name: str) -> str:
     return _safe_name(name)
 
 
-def _walk(root: str, limits: IngestSettings) -> Iterator[Document | Skipped]:
+def _walk(root: str, ctx: _Reading) -> Iterator[Document | Skipped]:
     """Every file under ``root``, depth first in name order; one listing per level is held, never the tree."""
     seen: set[tuple[int, int]] = set()
     stack = [_listing(root, seen)]
@@ -144,11 +192,11 @@ def _walk(root: str, limits: IngestSettings) -> Iterator[Document | Skipped]:
         elif isinstance(entry, Skipped):
             yield entry
         elif _hidden(entry.name):
-            yield Skipped(entry.path, "hidden folder" if _is_dir(entry) else "hidden file")
+            yield Skipped(_text(entry.path), "hidden folder" if _is_dir(entry) else "hidden file")
         elif _is_dir(entry):
             stack.append(_listing(entry.path, seen))
         else:
-            yield from _file(Path(entry.path), limits, explicit=False)
+            yield from _file(Path(entry.path), ctx, explicit=False)
 
 
 def _listing(folder: str, seen: set[tuple[int, int]]) -> Iterator[os.DirEntry[str] | Skipped]:
@@ -156,13 +204,13 @@ def _listing(folder: str, seen: set[tuple[int, int]]) -> Iterator[os.DirEntry[st
     try:
         st = os.stat(folder)
         if (st.st_dev, st.st_ino) in seen:
-            yield Skipped(folder, "folder already walked (symbolic link)")
+            yield Skipped(_text(folder), "folder already walked (symbolic link)")
             return
         seen.add((st.st_dev, st.st_ino))
         with os.scandir(folder) as it:
             entries = sorted(it, key=lambda e: e.name)
     except OSError as exc:
-        yield Skipped(folder, f"cannot list folder ({exc.strerror})")
+        yield Skipped(_text(folder), f"cannot list folder ({exc.strerror})")
         return
     yield from entries
 
@@ -174,18 +222,19 @@ def _is_dir(entry: os.DirEntry[str]) -> bool:
         return False  # _file says why it cannot be read
 
 
-def _file(path: Path, limits: IngestSettings, *, explicit: bool) -> Iterator[Document | Skipped]:
+def _file(path: Path, ctx: _Reading, *, explicit: bool) -> Iterator[Document | Skipped]:
     # stat before open: opening a FIFO blocks until a writer comes, maybe forever.
+    source, name = _text(str(path)), _text(path.name)
     try:
         st = os.stat(path)
     except OSError as exc:
-        yield _refusal(str(path), path.name, f"cannot read ({exc.strerror})")
+        yield _refusal(source, name, f"cannot read ({exc.strerror})")
         return
     if not stat.S_ISREG(st.st_mode):
-        yield _refusal(str(path), path.name, "not a regular file")
+        yield _refusal(source, name, "not a regular file")
         return
-    item = _Item(str(path), path.name, st.st_size, partial(_open_regular, path), seekable=True)
-    yield from _guarded(item, "file", _item(item, limits, 0, explicit=explicit))
+    item = _Item(source, name, st.st_size, partial(_open_regular, path), seekable=True)
+    yield from _guarded(item, "file", _item(item, ctx, 0, explicit=explicit))
 
 
 def _open_regular(path: Path) -> IO[bytes]:
@@ -197,15 +246,21 @@ def _open_regular(path: Path) -> IO[bytes]:
     return os.fdopen(fd, "rb")
 
 
-def _guarded(item: _Item, what: str, documents: Iterator[Document | Skipped]) -> Iterator[Document | Skipped]:
-    """``documents``, and in place of the exception that stops them a refusal of ``item``."""
+def _guarded(item: _Item, what: str, documents: Iterator[Document | Skipped], *,
+             member: bool = False) -> Iterator[Document | Skipped]:
+    """``documents``, and in place of the exception that stops them a refusal of ``item``; an archive that holds too
+    much stops its container too (``member``: the container says so, from this member on)."""
     try:
         yield from documents
+    except _ArchiveFull as exc:
+        if member:
+            raise
+        yield _refusal(item.source, item.name, f"archive refused: {exc}")
     except Exception as exc:
         yield _refusal(item.source, item.name, f"unreadable {what} ({_why(exc)})")
 
 
-def _item(item: _Item, limits: IngestSettings, depth: int, *, explicit: bool) -> Iterator[Document | Skipped]:
+def _item(item: _Item, ctx: _Reading, depth: int, *, explicit: bool) -> Iterator[Document | Skipped]:
     """``item`` as a document, or the documents of the archive it is (``depth``: archives it is inside).
 
     An error reading its bytes propagates, for its container knows whether the rest can still be read;
@@ -217,6 +272,9 @@ def _item(item: _Item, limits: IngestSettings, depth: int, *, explicit: bool) ->
     if not explicit and filetypes.of_name(item.name) is None:
         yield Skipped(item.source, "unsupported file type")
         return
+    limits = ctx.limits
+    if depth == 0:
+        ctx.inflation.send(item.size)
     started = time.perf_counter()
     try:
         with item.open() as stream:
@@ -225,7 +283,7 @@ def _item(item: _Item, limits: IngestSettings, depth: int, *, explicit: bool) ->
             if fmt is None:
                 raise _Refused("unsupported file type")
             if fmt.archive:
-                yield from _archive(item, fmt, head, stream, limits, depth)
+                yield from _archive(item, fmt, head, stream, ctx, depth)
                 return
             _check(item, item.size, limits.max_document_bytes, "max_document_bytes", limits)
             sink = io.BytesIO()
@@ -238,14 +296,15 @@ def _item(item: _Item, limits: IngestSettings, depth: int, *, explicit: bool) ->
     yield document
 
 
-def _archive(item: _Item, fmt: FileType, head: bytes, stream: IO[bytes], limits: IngestSettings,
+def _archive(item: _Item, fmt: FileType, head: bytes, stream: IO[bytes], ctx: _Reading,
              depth: int) -> Iterator[Document | Skipped]:
+    limits = ctx.limits
     if depth > limits.max_depth:
         raise _Refused(f"archive nested more than {limits.max_depth} deep (ingest.max_depth)")
     members = _zip if fmt is FileType.ZIP else _tar
     if item.seekable:  # a local file, read in place: bounded by what it holds
         stream.seek(0)
-        yield from members(item, stream, head, limits, depth + 1)
+        yield from members(item, stream, head, ctx, depth + 1)
         return
     # Spooled: one inside an archive is a member like any other; a top-level one (an S3 object) is bounded by
     # what it may hold, before it fills the disk.
@@ -255,7 +314,7 @@ def _archive(item: _Item, fmt: FileType, head: bytes, stream: IO[bytes], limits:
     with tempfile.SpooledTemporaryFile(max_size=limits.spool_bytes) as spool:
         _copy(item, head, stream, spool, limit, setting, limits)
         spool.seek(0)
-        yield from members(item, spool, head, limits, depth + 1)
+        yield from members(item, spool, head, ctx, depth + 1)
 
 
 def _check(item: _Item, size: int, limit: int, setting: str, limits: IngestSettings) -> None:
@@ -293,13 +352,14 @@ def _full(limits: IngestSettings, members: int, size: int) -> str | None:
     return None
 
 
-def _zip(archive: _Item, fh: IO[bytes], head: bytes, limits: IngestSettings,
+def _zip(archive: _Item, fh: IO[bytes], head: bytes, ctx: _Reading,
          depth: int) -> Iterator[Document | Skipped]:
     """The members of a zip archive, in its directory's order, each read on its own."""
+    limits = ctx.limits
     try:
         # zipfile loads the whole directory: refuse one too long before it does.
-        if (count := _zip_count(fh)) > limits.max_members:
-            raise _Refused(f"{count:,} members, more than {limits.max_members:,} (ingest.max_members)")
+        if _zip_entries(fh, limits.max_members) > limits.max_members:
+            raise _Refused(f"more than {limits.max_members:,} members (ingest.max_members)")
         zf = zipfile.ZipFile(fh)
     except _Refused as exc:
         yield _refusal(archive.source, archive.name, str(exc))
@@ -314,43 +374,85 @@ def _zip(archive: _Item, fh: IO[bytes], head: bytes, limits: IngestSettings,
             if why := _full(limits, n, size):
                 yield _refusal(archive.source, archive.name, f"archive refused from member {n:,} on: {why}")
                 return
-            source = f"{archive.source}!{info.filename}"
+            source = f"{archive.source}!{_text(info.filename)}"
             if info.is_dir():
                 continue
             if stat.S_ISLNK(info.external_attr >> 16):
                 yield Skipped(source, "zip symlink ignored")
                 continue
-            member = _Item(source, info.filename, info.file_size, partial(_zip_open, zf, info), info.compress_size)
-            yield from _guarded(member, "zip member", _item(member, limits, depth, explicit=False))
+            member = _Item(source, info.filename, info.file_size, partial(_zip_open, zf, info, ctx.inflation),
+                           info.compress_size)
+            try:
+                yield from _guarded(member, "zip member", _item(member, ctx, depth, explicit=False), member=True)
+            except _ArchiveFull as exc:
+                yield _refusal(archive.source, archive.name, f"archive refused from member {n:,} on: {exc}")
+                return
 
 
-def _zip_count(fh: IO[bytes]) -> int:
-    """The member count a zip's end record declares (0 without one: zipfile then says it is no zip)."""
+_DIRECTORY_ENTRY = struct.Struct("<4s24xHHH12x")  # signature, then the name, extra field and comment lengths
+
+
+def _zip_entries(fh: IO[bytes], cap: int) -> int:
+    """The entries of a zip's central directory, counted in the directory itself (up to ``cap + 1``), where and as
+    long as its end record places it: zipfile reads them all, whatever count the end record claims. 0 without an
+    end record (zipfile then says it is no zip)."""
     end = fh.seek(0, os.SEEK_END)
-    fh.seek(max(0, end - 22 - 65_535))  # the end record and the longest comment after it
+    tail_at = max(0, end - 22 - 65_535)  # the end record and the longest comment after it
+    fh.seek(tail_at)
     tail = fh.read()
     at = tail.rfind(b"PK\x05\x06")
     if at < 0 or len(tail) < at + 22:
         return 0
-    count = int.from_bytes(tail[at + 10:at + 12], "little")
-    at64 = tail.rfind(b"PK\x06\x06", 0, at)  # zip64: the count of 65,535 members or more
-    if count == 0xFFFF and at64 >= 0 and len(tail) >= at64 + 40:
-        count = int.from_bytes(tail[at64 + 32:at64 + 40], "little")
+    size, offset = struct.unpack("<II", tail[at + 12:at + 20])
+    start = tail_at + at - size  # where zipfile looks: the end record's place less the directory's size
+    at64 = tail.rfind(b"PK\x06\x06", 0, at)
+    if at64 >= 0 and len(tail) >= at64 + 56 and 0xFFFFFFFF in (size, offset):  # zip64: its own end record
+        size = struct.unpack("<Q", tail[at64 + 40:at64 + 48])[0]
+        start = tail_at + at64 - size
+    count, pos, stop = 0, max(0, start), max(0, start) + size
+    while count <= cap and pos + _DIRECTORY_ENTRY.size <= stop:
+        fh.seek(pos)
+        header = fh.read(_DIRECTORY_ENTRY.size)
+        if len(header) < _DIRECTORY_ENTRY.size:
+            break
+        signature, name, extra, comment = _DIRECTORY_ENTRY.unpack(header)
+        if signature != b"PK\x01\x02":
+            break
+        count += 1
+        pos += _DIRECTORY_ENTRY.size + name + extra + comment
     return count
 
 
-def _zip_open(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> IO[bytes]:
+def _zip_open(zf: zipfile.ZipFile, info: zipfile.ZipInfo, inflation: Inflation) -> IO[bytes]:
     if info.flag_bits & 0x1:
         raise _Refused("encrypted zip member (password required)")
-    return zf.open(info)
+    return _Counted(zf.open(info), inflation)  # type: ignore[return-value]
+
+
+class _Counted:
+    """A zip member's stream, its bytes counted against the inflation allowance as they come out."""
+
+    def __init__(self, raw: IO[bytes], inflation: Inflation) -> None:
+        self._raw, self._inflation = raw, inflation
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._raw.read(size)
+        self._inflation.inflate(len(data))
+        return data
+
+    def __enter__(self) -> _Counted:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._raw.close()
 
 
 class _Meter:
-    """A tar archive's uncompressed stream, stopped once it has inflated more than max_ratio times: a bomb is
-    caught while it inflates, whether a member is read or tarfile skips it."""
+    """A tar archive's uncompressed stream, stopped once it has inflated more than max_ratio times or past what
+    archives may cost: a bomb is caught while it inflates, whether a member is read or tarfile skips it."""
 
-    def __init__(self, fh: IO[bytes], head: bytes, limits: IngestSettings) -> None:
-        self._raw, self._limits, self._total = fh, limits, 0
+    def __init__(self, fh: IO[bytes], head: bytes, ctx: _Reading) -> None:
+        self._raw, self._limits, self._inflation, self._total = fh, ctx.limits, ctx.inflation, 0
         # read1 for the compressed kinds: a read that meets a truncation raises, losing all it inflated before.
         self._read: Callable[[int], bytes] = fh.read
         if head.startswith(b"\x1f\x8b"):
@@ -365,14 +467,17 @@ class _Meter:
         self._total += len(data)
         if why := _inflated(self._total, self._raw.tell(), self._limits):
             raise _ArchiveFull(why)
+        self._inflation.inflate(len(data))
         return data
 
 
-def _tar(archive: _Item, fh: IO[bytes], head: bytes, limits: IngestSettings,
+def _tar(archive: _Item, fh: IO[bytes], head: bytes, ctx: _Reading,
          depth: int) -> Iterator[Document | Skipped]:
     """The members of a tar archive (plain, gzip, bzip2, xz), streamed in archive order. The stream cannot
-    go on past an error, so one ends the archive with a refusal; the documents before it stay good."""
-    meter, n, done = _Meter(fh, head, limits), 0, 0
+    go on past an error, so one ends the archive with a refusal; the documents before it stay good. A member's
+    name that is not UTF-8 is read with U+FFFD in place of its bad bytes."""
+    limits = ctx.limits
+    meter, n, done = _Meter(fh, head, ctx), 0, 0
     try:
         # Stream mode only reads; the stub asks for the seek and write of a random-access file.
         tf = tarfile.open(fileobj=meter, mode="r|", bufsize=_CHUNK)  # type: ignore[call-overload]
@@ -381,17 +486,19 @@ def _tar(archive: _Item, fh: IO[bytes], head: bytes, limits: IngestSettings,
             n += 1
             if why := _full(limits, n, info.offset_data + info.size):
                 raise _ArchiveFull(why)
-            source = f"{archive.source}!{info.name}"
+            name = _text(info.name)
+            source = f"{archive.source}!{name}"
             if info.isfile():
-                member = _Item(source, info.name, info.size, partial(_tar_open, tf, info))
-                yield from _item(member, limits, depth, explicit=False)
+                member = _Item(source, name, info.size, partial(_tar_open, tf, info))
+                yield from _item(member, ctx, depth, explicit=False)
             elif info.issym() or info.islnk():
                 yield Skipped(source, f"tar {'symlink' if info.issym() else 'hardlink'} ignored")
             elif not info.isdir():
                 yield Skipped(source, "tar device or special file ignored")
             done = n
     except _ArchiveFull as exc:
-        yield _refusal(archive.source, archive.name, f"archive refused from member {n:,} on: {exc}")
+        where = f" from member {n:,} on" if n else ""
+        yield _refusal(archive.source, archive.name, f"archive refused{where}: {exc}")
     except Exception as exc:
         where = f" after {done:,} members" if done else ""
         yield _refusal(archive.source, archive.name, f"unreadable tar archive{where} ({_why(exc)})")
@@ -404,7 +511,7 @@ def _tar_open(tf: tarfile.TarFile, info: tarfile.TarInfo) -> IO[bytes]:
     return fh
 
 
-def _s3_objects(url: str, limits: IngestSettings, client: Any) -> Iterator[Document | Skipped]:
+def _s3_objects(url: str, ctx: _Reading, client: Any) -> Iterator[Document | Skipped]:
     """The objects under ``s3://bucket/prefix``, listed a page at a time, each read on its own. The prefix is one
     object's key or a folder's: "scans" holds "scans/a.jpg", not "scans2/b.jpg"."""
     from botocore.exceptions import BotoCoreError, ClientError
@@ -423,7 +530,7 @@ def _s3_objects(url: str, limits: IngestSettings, client: Any) -> Iterator[Docum
                 found = True
                 item = _Item(f"s3://{bucket}/{key}", under.lstrip("/") or key, obj["Size"],
                              partial(_s3_open, client, bucket, key))
-                yield from _guarded(item, "S3 object", _item(item, limits, 0, explicit=key == prefix))
+                yield from _guarded(item, "S3 object", _item(item, ctx, 0, explicit=key == prefix))
     except (BotoCoreError, ClientError) as exc:
         raise _listing_error(url, exc) from exc
     if not found:
@@ -507,13 +614,19 @@ def _head(stream: IO[bytes]) -> bytes:
     return head
 
 
+def _text(name: str) -> str:
+    """A name from outside as text a database and a terminal take: bytes that are not UTF-8 (surrogate escapes of a
+    tar or file name) and NUL become U+FFFD."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace").replace("\x00", "\ufffd")
+
+
 def _hidden(name: str) -> bool:
     return any(part.startswith(".") and part not in (".", "..") or part == "__MACOSX" for part in name.split("/"))
 
 
 def _safe_name(name: str) -> str:
     """The output stem: no '/', NUL or control character, no leading '.', at most 100 UTF-8 bytes, never empty."""
-    stem = filetypes.split_name(name)[0].encode("utf-8", "replace").decode()  # a tar name may hold undecodable bytes
+    stem = _text(filetypes.split_name(name)[0])
     stem = re.sub(r"[\x00-\x1f\x7f]", "_", stem).lstrip(".")
     return stem.encode()[:_NAME_BYTES].decode("utf-8", "ignore") or "document"
 

@@ -11,6 +11,10 @@ left alone, a failed one is queued again (or any one, with ``force``), and one w
 reached the broker (it was down) is published now. An ingest interrupted and started again with the
 same sources resumes: the documents it registered are not read into the store again. A document whose
 pages are all final when it is registered has its outputs due from that registration, like any other.
+
+An API tenant's ingest reserves each document's pages from the tenant's budget (``PageBudget``) once they are
+counted and before the document is stored; a document with more pages than the whole budget is refused, and
+what was reserved and never registered (the submit stopped) is given back.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
-from paperlane.errors import public_reason
+from paperlane.errors import InputError, OverBudget, public_reason
 from paperlane.priority.lanes import Lane, message_priority
 from paperlane.producer.inputs import Document, Skipped
 from paperlane.schemas import Stage, TaskSpec
@@ -66,6 +70,16 @@ class SubmitAction(str, Enum):
     REQUEUED = "requeued"  # a failed job (or any, with force) queued again
     EXISTS = "exists"  # queued, running or done already: left as it is
     REFUSED = JobStatus.FAILED.value  # the document was refused: its page's job failed at registration
+
+
+class PageBudget(Protocol):
+    def reserve(self, pages: int) -> None:
+        """Reserve ``pages`` more pages in flight. Raises OverBudget (not retryable: more than the whole budget)."""
+        ...
+
+    def release(self, pages: int) -> None:
+        """Give back pages reserved and never registered."""
+        ...
 
 
 class Publisher(Protocol):
@@ -123,6 +137,7 @@ class _Doc:
     upload_s: float
     upload: Future[None] | None = None
     span: tuple[int, int] | None = None  # its bytes in the pack being filled
+    reserved: int = 0  # its pages reserved from the tenant's budget
 
 
 class Submitter:
@@ -131,7 +146,8 @@ class Submitter:
     def __init__(self, *, db: Database, store: ObjectStore, spec: TaskSpec, lane: Lane = Lane.BATCH,
                  priority: int = 0, force: bool = False, publisher: Publisher | None = None,
                  limits: IngestSettings | None = None, resume: bool = True, chunk_pages: int = CHUNK_PAGES,
-                 owner: ingests.Owner | None = None, uploads: ThreadPoolExecutor | None = None) -> None:
+                 owner: ingests.Owner | None = None, uploads: ThreadPoolExecutor | None = None,
+                 pages: PageBudget | None = None) -> None:
         self.db, self.store, self.spec, self.lane, self.force = db, store, spec, lane, force
         self.owner = owner or ingests.Owner()
         self.message_priority = message_priority(lane, priority)
@@ -148,6 +164,8 @@ class Submitter:
         self._room = threading.BoundedSemaphore(IN_FLIGHT_BYTES >> 16)  # in 64 kB units
         self._pack = bytearray()
         self._pack_docs: list[_Doc] = []
+        self.pages = pages
+        self._reserved = 0  # pages reserved for documents staged and not registered yet
 
     def submit(self, items: Iterable[Document | Skipped], *, name: str,
                sources: list[str]) -> Iterator[SubmittedPage | Skipped]:
@@ -162,6 +180,9 @@ class Submitter:
         finally:
             if self._own_uploads:
                 self._uploads.shutdown(wait=True, cancel_futures=True)
+            if self.pages is not None and self._reserved:
+                self.pages.release(self._reserved)
+                self._reserved = 0
         ingests.close_ingest(self.db, ingest_id, skipped=self.summary.skipped)
 
     def open(self, *, name: str, sources: list[str]) -> str:
@@ -196,12 +217,13 @@ class Submitter:
             yield from self._register(ingest_id, chunk)
 
     def _stage(self, ingest_id: str, seq: int, doc: Document) -> _Doc:
-        """The document's rows, its original on its way to the store."""
+        """The document's rows, its original on its way to the store (its pages reserved first)."""
         t0 = time.perf_counter()
+        doc, reserved = self._reserve(doc)
         sha = hashlib.sha256(doc.data).hexdigest() if doc.error is None else ""
         row = NewDocument(id=ingests.document_id_for(ingest_id, doc.source), seq=seq, source=doc.source,
                           name=doc.name, ext=doc.ext[:16], pages_total=max(1, doc.page_count))
-        staged = _Doc(row, sha, doc.read_s)
+        staged = _Doc(row, sha, doc.read_s, reserved=reserved)
         if doc.error is not None:
             row.error = public_reason(doc.error)
             row.pages_total = 1
@@ -217,6 +239,23 @@ class Submitter:
         row.content_sha256 = sha or None
         staged.upload_s += time.perf_counter() - t0
         return staged
+
+    def _reserve(self, doc: Document) -> tuple[Document, int]:
+        """Reserve the document's pages (a refused one's one page) from the tenant's budget; a document with more
+        pages than the whole budget is refused. Raises OverBudget when they do not fit now."""
+        if self.pages is None:
+            return doc, 0
+        pages = 1 if doc.error is not None else doc.page_count
+        try:
+            self.pages.reserve(pages)
+        except OverBudget as exc:
+            if exc.retryable:
+                raise
+            doc = Document(doc.source, doc.name, doc.ext, b"", 1, InputError(str(exc), stage=Stage.UPLOAD.value))
+            pages = 1
+            self.pages.reserve(pages)
+        self._reserved += pages
+        return doc, pages
 
     def _upload(self, key: str, data: bytes | bytearray) -> Future[None]:
         units = max(1, min(len(data) >> 16, IN_FLIGHT_BYTES >> 16))
@@ -258,7 +297,10 @@ class Submitter:
                 jobs.append(job)
                 pages.append(page)
                 refs.append((doc, page))
-        found = ingests.register(self.db, ingest_id, jobs=jobs, documents=[d.row for d in chunk], pages=pages)
+        reserved = sum(d.reserved for d in chunk)
+        found = ingests.register(self.db, ingest_id, jobs=jobs, documents=[d.row for d in chunk], pages=pages,
+                                 reserved=reserved)
+        self._reserved -= reserved
         actions = self._settle(found, {p.job_id for d, p in refs if d.row.error is not None})
         self.summary.documents += len(found.new_documents)
         self.summary.pages += len(pages)

@@ -10,6 +10,10 @@ The counts on ingests and documents move in the same transaction as the job stat
 ``rollup`` when a job becomes final (or stops being final), and registration for a page whose job
 was final before the page existed. Registration reads those jobs' status ``FOR SHARE`` (PostgreSQL),
 so a job that finishes meanwhile is counted exactly once: by whichever transaction comes second.
+
+So does a tenant's count of pages in flight (``storage.tenants``): registration keeps what was reserved for
+the pages it registers that are still live and gives back the rest, ``rollup`` releases pages as they become
+final (and takes them again when they stop being final).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from paperlane.errors import DocumentNotFound, IngestNotFound, PageNotFound
 from paperlane.status import JobStatus, OutputsState, Progress
 from paperlane.storage import webhooks
 from paperlane.storage.db import Database, as_utc, get_row, utcnow
-from paperlane.storage.tables import DocumentRow, IngestFailureRow, IngestRow, JobRow, PageRow
+from paperlane.storage.tables import DocumentRow, IngestFailureRow, IngestRow, JobRow, PageRow, TenantRow
 
 _NAMESPACE = uuid.UUID("6a0b3c8e-3f0e-4f43-9d55-70617065726c")
 _INGESTS: Table = IngestRow.__table__  # type: ignore[assignment]
@@ -38,6 +42,7 @@ _DOCUMENTS: Table = DocumentRow.__table__  # type: ignore[assignment]
 _PAGES: Table = PageRow.__table__  # type: ignore[assignment]
 _JOBS: Table = JobRow.__table__  # type: ignore[assignment]
 _FAILURES: Table = IngestFailureRow.__table__  # type: ignore[assignment]
+_TENANTS: Table = TenantRow.__table__  # type: ignore[assignment]
 
 
 def document_id_for(ingest_id: str, source: str) -> str:
@@ -81,15 +86,26 @@ def open_ingest(db: Database, *, key: str, name: str, lane: str, task: str, task
     return row, False
 
 
-def close_ingest(db: Database, ingest_id: str, *, skipped: int) -> None:
-    """Every document is registered: the ingest's totals are final."""
+def close_ingest(db: Database, ingest_id: str, *, skipped: int, error: str | None = None) -> None:
+    """Every document is registered, or (``error``: why) no more will be: the ingest's totals are final."""
     now = utcnow()
     i = _INGESTS.c
+    values: dict[str, Any] = dict(registered_at=now, skipped=skipped, finished_at=_finished_at(
+        i.pages_succeeded + i.pages_failed, now, registering=True))
+    if error is not None:
+        values["error"] = error
     with db.session() as s:
-        _finished(s, s.execute(update(_INGESTS).where(i.id == ingest_id)
-                               .values(registered_at=now, skipped=skipped, finished_at=_finished_at(
-                                   i.pages_succeeded + i.pages_failed, now, registering=True))
-                               .returning(*_FINISHED)), now)
+        _finished(s, s.execute(update(_INGESTS).where(i.id == ingest_id).values(**values).returning(*_FINISHED)),
+                  now)
+
+
+def discard_ingest(db: Database, ingest_id: str) -> bool:
+    """Delete an ingest nothing was registered into (an upload refused as a whole); False when it holds documents
+    (then it stays, for the caller to close)."""
+    with db.session() as s:
+        has_documents = select(_DOCUMENTS.c.id).where(_DOCUMENTS.c.ingest_id == ingest_id).exists()
+        done = s.execute(_INGESTS.delete().where(_INGESTS.c.id == ingest_id, ~has_documents))
+        return bool(done.rowcount)
 
 
 # An ingest is finished once it is registered and every page is final; the UPDATE that makes it so
@@ -147,8 +163,11 @@ class Registered:
 
 
 def register(db: Database, ingest_id: str, *, jobs: list[dict[str, Any]], documents: list[NewDocument],
-             pages: list[NewPage]) -> Registered:
-    """Insert a chunk's jobs, documents and pages (what exists is kept) and count what is already final."""
+             pages: list[NewPage], reserved: int = 0) -> Registered:
+    """Insert a chunk's jobs, documents and pages (what exists is kept) and count what is already final.
+
+    ``reserved``: pages reserved for this chunk from the ingest's tenant's budget; what is not a new page still in
+    flight once registered (final already, or registered before) is given back in the same transaction."""
     dialect = db.engine.dialect.name
     out = Registered()
     now = utcnow()
@@ -175,6 +194,11 @@ def register(db: Database, ingest_id: str, *, jobs: list[dict[str, Any]], docume
             if status == JobStatus.QUEUED.value and enqueued_at is None:
                 out.unpublished.add(job_id)
         _count_new(s, ingest_id, documents, pages, out, now)
+        if reserved:
+            live = sum(1 for p in pages if p.id in out.new_pages and not out.job_status[p.job_id].terminal)
+            tenant = select(_INGESTS.c.tenant_id).where(_INGESTS.c.id == ingest_id).scalar_subquery()
+            s.execute(update(_TENANTS).where(_TENANTS.c.id == tenant)
+                      .values(pages_in_flight=_TENANTS.c.pages_in_flight - (reserved - live)))
     return out
 
 
@@ -267,7 +291,20 @@ def rollup(s: Session, job_id: str, *, succeeded: int, failed: int, now: datetim
     if failed:
         for ingest_id, n in s.execute(select(per_ingest.c.ingest_id, per_ingest.c.n)):
             _add_failures(s, ingest_id, reason or "unknown", failed * n)
+    if succeeded + failed:
+        _release(s, job_id, succeeded + failed)
     return [doc_id for doc_id, outputs in finished if outputs == OutputsState.PENDING.value]
+
+
+def _release(s: Session, job_id: str, final: int) -> None:
+    """Pages of ``job_id`` leave (``final`` 1) or rejoin (-1) their tenants' pages in flight."""
+    per_tenant = (select(_INGESTS.c.tenant_id, func.count().label("n"))
+                  .select_from(_PAGES.join(_INGESTS, _INGESTS.c.id == _PAGES.c.ingest_id))
+                  .where(_PAGES.c.job_id == job_id, _INGESTS.c.tenant_id.is_not(None))
+                  .group_by(_INGESTS.c.tenant_id).subquery())
+    t = _TENANTS.c
+    s.execute(update(_TENANTS).where(t.id == per_tenant.c.tenant_id)
+              .values(pages_in_flight=t.pages_in_flight - final * per_tenant.c.n))
 
 
 # --- status -----------------------------------------------------------------------------------------
@@ -375,15 +412,6 @@ def document_pages(db: Database, document_id: str) -> list[tuple[PageRow, JobRow
 def get_document(db: Database, document_id: str) -> DocumentRow:
     with db.session() as s:
         return get_row(s, DocumentRow, document_id, DocumentNotFound)
-
-
-def pages_in_flight(db: Database, *, api_key_id: str) -> int:
-    """Pages of the key's unfinished ingests that are not final yet (from the ingests' rolled-up counts)."""
-    i = _INGESTS.c
-    with db.session() as s:
-        n = s.scalar(select(func.coalesce(func.sum(i.pages_total - i.pages_succeeded - i.pages_failed), 0))
-                     .where(i.api_key_id == api_key_id, i.finished_at.is_(None)))
-    return int(n or 0)
 
 
 def next_seq(db: Database, ingest_id: str) -> int:

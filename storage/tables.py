@@ -124,6 +124,7 @@ class IngestRow(Base):
     tenant_id: Mapped[str | None] = mapped_column(String(36), nullable=True)  # None: from the command line
     api_key_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
     callback_url: Mapped[str | None] = mapped_column(Text, nullable=True)  # POSTed when it finishes
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)  # why its registration stopped short
 
 
 _OUTPUTS_DUE = "outputs = 'pending'"
@@ -195,6 +196,22 @@ class TenantRow(Base):
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     name: Mapped[str] = mapped_column(String(200), unique=True)
     webhook_secret: Mapped[str] = mapped_column(String(100))
+    created_at: Mapped[datetime] = mapped_column(_TS, server_default=func.now())
+    # Pages of its ingests reserved as they are registered and not final yet: the budget a registration reserves
+    # from atomically (storage.tenants.reserve_pages), released by the writes that make pages final.
+    pages_in_flight: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    max_pages_in_flight: Mapped[int | None] = mapped_column(Integer, nullable=True)  # None: api.max_pages_in_flight
+
+
+class IngestGrantRow(Base):
+    """An S3 prefix a tenant may ingest (``POST /v1/ingests``): objects of ``bucket`` whose keys start with
+    ``prefix`` ("" for the whole bucket, otherwise ending in "/")."""
+
+    __tablename__ = "ingest_grants"
+
+    tenant_id: Mapped[str] = mapped_column(String(36), ForeignKey("tenants.id"), primary_key=True)
+    bucket: Mapped[str] = mapped_column(String(255), primary_key=True)
+    prefix: Mapped[str] = mapped_column(String(1024), primary_key=True)
     created_at: Mapped[datetime] = mapped_column(_TS, server_default=func.now())
 
 

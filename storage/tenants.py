@@ -1,8 +1,12 @@
-"""Tenants and their API keys.
+"""Tenants, their API keys, their budget of pages in flight and the S3 prefixes they may ingest.
 
 A key is ``pl_`` and 43 random URL-safe characters (256 bits), shown once when it is made; the database
 keeps its sha256 only (a key this random needs no slow hash: nothing can be guessed from the digest), and
 its first characters to tell keys apart in lists. A tenant's webhook secret signs what it receives.
+
+A tenant's pages in flight are a counter on its row: registration reserves a document's pages from it before
+they are stored (``PageBudget.reserve``: one conditional UPDATE, so parallel uploads cannot all pass), and the
+transactions that make pages final release them (``storage.ingests``).
 """
 
 from __future__ import annotations
@@ -12,11 +16,11 @@ import secrets
 import uuid
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, func, select, update
 
-from paperlane.errors import TenantNotFound, UsageError
+from paperlane.errors import OverBudget, TenantNotFound, UsageError
 from paperlane.storage.db import Database, utcnow
-from paperlane.storage.tables import ApiKeyRow, TenantRow
+from paperlane.storage.tables import ApiKeyRow, IngestGrantRow, TenantRow
 
 KEY_PREFIX = "pl_"
 
@@ -86,13 +90,26 @@ def list_keys(db: Database, tenant: str | None = None) -> list[tuple[ApiKeyRow, 
 
 
 def revoke_key(db: Database, prefix: str) -> int:
-    """Revoke the keys starting with ``prefix`` (at least 8 characters); how many were revoked."""
+    """Revoke the key ``prefix`` is (the whole key), or the keys starting with it (its first 8 to 10 characters,
+    matched literally); how many were revoked."""
     if len(prefix) < 8:
         raise UsageError("give at least the first 8 characters of the key")
+    k = ApiKeyRow
+    which = (k.key_hash == hash_key(prefix) if len(prefix) > 16
+             else func.substr(k.prefix, 1, len(prefix[:10])) == prefix[:10])
     with db.session() as s:
-        done = s.execute(update(ApiKeyRow).where(ApiKeyRow.prefix.startswith(prefix[:10]),
-                                                 ApiKeyRow.revoked_at.is_(None)).values(revoked_at=utcnow()))
+        done = s.execute(update(k).where(which, k.revoked_at.is_(None)).values(revoked_at=utcnow()))
         return int(done.rowcount or 0)
+
+
+def rotate_webhook_secret(db: Database, tenant: str) -> str:
+    """A new webhook signing secret for ``tenant``: every delivery from now on is signed with it."""
+    secret = secrets.token_hex(32)
+    with db.session() as s:
+        done = s.execute(update(TenantRow).where(TenantRow.name == tenant).values(webhook_secret=secret))
+    if not done.rowcount:
+        raise UsageError(f"no tenant called {tenant}")
+    return secret
 
 
 def webhook_secret(db: Database, tenant_id: str) -> str:
@@ -101,3 +118,107 @@ def webhook_secret(db: Database, tenant_id: str) -> str:
     if secret is None:
         raise TenantNotFound(tenant_id)
     return secret
+
+
+def _tenant_id(s: object, tenant: str) -> str:
+    found = s.scalar(select(TenantRow.id).where(TenantRow.name == tenant))  # type: ignore[attr-defined]
+    if found is None:
+        raise UsageError(f"no tenant called {tenant}")
+    return str(found)
+
+
+# --- pages in flight ----------------------------------------------------------------------------------------
+
+
+class PageBudget:
+    """A tenant's pages in flight: at most its own ``max_pages_in_flight``, or ``default_cap``."""
+
+    def __init__(self, db: Database, tenant_id: str, *, default_cap: int) -> None:
+        self.db, self.tenant_id, self.default_cap = db, tenant_id, default_cap
+
+    def reserve(self, pages: int) -> None:
+        """Reserve ``pages`` more. Raises OverBudget (retryable unless ``pages`` is more than the whole budget)."""
+        t = TenantRow
+        cap = func.coalesce(t.max_pages_in_flight, self.default_cap)
+        with self.db.session() as s:
+            done = s.execute(update(t).where(t.id == self.tenant_id, t.pages_in_flight + pages <= cap)
+                             .values(pages_in_flight=t.pages_in_flight + pages))
+            if done.rowcount:
+                return
+        in_flight, limit = self.room()
+        raise OverBudget(asked=pages, in_flight=in_flight, cap=limit)
+
+    def release(self, pages: int) -> None:
+        """Give back ``pages`` reserved and never registered."""
+        t = TenantRow
+        with self.db.session() as s:
+            s.execute(update(t).where(t.id == self.tenant_id).values(pages_in_flight=t.pages_in_flight - pages))
+
+    def room(self) -> tuple[int, int]:
+        """(pages in flight, the tenant's cap)."""
+        t = TenantRow
+        with self.db.session() as s:
+            found = s.execute(select(t.pages_in_flight, func.coalesce(t.max_pages_in_flight, self.default_cap))
+                              .where(t.id == self.tenant_id)).one_or_none()
+        if found is None:
+            raise TenantNotFound(self.tenant_id)
+        return int(found[0]), int(found[1])
+
+
+# --- S3 ingest grants ---------------------------------------------------------------------------------------
+
+
+def grant_prefix(prefix: str) -> str:
+    """A grant's prefix as stored: "" (the whole bucket) or a folder, ending in "/"."""
+    prefix = prefix.lstrip("/")
+    return prefix if not prefix or prefix.endswith("/") else prefix + "/"
+
+
+def grant_ingest(db: Database, tenant: str, bucket: str, prefix: str) -> str:
+    """Let ``tenant`` ingest the objects of ``bucket`` under ``prefix``; the prefix as stored."""
+    prefix = grant_prefix(prefix)
+    with db.session() as s:
+        tenant_id = _tenant_id(s, tenant)
+        if s.get(IngestGrantRow, (tenant_id, bucket, prefix)) is None:
+            s.add(IngestGrantRow(tenant_id=tenant_id, bucket=bucket, prefix=prefix, created_at=utcnow()))
+    return prefix
+
+
+def revoke_grant(db: Database, tenant: str, bucket: str, prefix: str) -> int:
+    """Withdraw a grant; how many were withdrawn (0 or 1)."""
+    with db.session() as s:
+        tenant_id = _tenant_id(s, tenant)
+        done = s.execute(delete(IngestGrantRow).where(IngestGrantRow.tenant_id == tenant_id,
+                                                      IngestGrantRow.bucket == bucket,
+                                                      IngestGrantRow.prefix == grant_prefix(prefix)))
+        return int(done.rowcount or 0)
+
+
+def list_grants(db: Database, tenant: str | None = None) -> list[tuple[str, str, str]]:
+    """(tenant, bucket, prefix) of every grant, or of one tenant's."""
+    g = IngestGrantRow
+    query = (select(TenantRow.name, g.bucket, g.prefix).join(TenantRow, TenantRow.id == g.tenant_id)
+             .order_by(TenantRow.name, g.bucket, g.prefix))
+    if tenant is not None:
+        query = query.where(TenantRow.name == tenant)
+    with db.session() as s:
+        return [(str(n), str(b), str(p)) for n, b, p in s.execute(query)]
+
+
+def granted(db: Database, tenant_id: str) -> list[tuple[str, str]]:
+    """(bucket, prefix) of every grant of ``tenant_id``."""
+    g = IngestGrantRow
+    with db.session() as s:
+        return [(str(b), str(p)) for b, p in s.execute(select(g.bucket, g.prefix).where(g.tenant_id == tenant_id))]
+
+
+def covers(grants: list[tuple[str, str]], bucket: str, prefix: str) -> bool:
+    """Whether one of ``grants`` covers every object ``s3://bucket/prefix`` lists: the prefix (as a folder) lies in
+    a granted folder. Compared literally: no LIKE pattern."""
+    wanted = prefix.lstrip("/") + "/"
+    return any(b == bucket and wanted.startswith(p) for b, p in grants)
+
+
+def may_ingest(db: Database, tenant_id: str, bucket: str, prefix: str) -> bool:
+    """Whether a grant of ``tenant_id`` covers ``s3://bucket/prefix`` (``covers``)."""
+    return covers(granted(db, tenant_id), bucket, prefix)

@@ -9,16 +9,19 @@ from datetime import datetime
 from typing import Any
 
 from paperlane.schemas import PageResult
-from paperlane.status import JobStatus, OutputsState, PageState, Progress
+from paperlane.status import JobStatus, OutputsState, PageState, Progress, RollupState
 from paperlane.storage.tables import DocumentRow, IngestRow, JobRow
 
 
 def ingest_view(row: IngestRow, p: Progress, failures: list[tuple[str, int]]) -> dict[str, Any]:
-    """An ingest: its state, its pages by state, its speed and time left, its failures by reason."""
+    """An ingest: its state, its pages by state, its speed and time left, its failures by reason, and why its
+    registration stopped short (``error``; an ingest that registered nothing for that reason has failed)."""
+    state = p.state(registered=row.registered_at is not None)
+    if row.error and p.total == 0:
+        state = RollupState.FAILED
     return {
-        "ingest_id": row.id, "name": row.name, "lane": row.lane, "task": row.task,
-        "status": p.state(registered=row.registered_at is not None).value,
-        "documents": row.documents_total, "skipped": row.skipped, "pages": p.total, **p.counts(),
+        "ingest_id": row.id, "name": row.name, "lane": row.lane, "task": row.task, "status": state.value,
+        "error": row.error, "documents": row.documents_total, "skipped": row.skipped, "pages": p.total, **p.counts(),
         "pages_per_s": round(p.pages_per_s, 2) if p.pages_per_s else None,
         "eta_s": round(p.eta_s, 1) if p.eta_s is not None else None,
         "failures": _failures(failures), "created_at": _iso(row.created_at), "finished_at": _iso(row.finished_at),

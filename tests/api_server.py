@@ -32,13 +32,15 @@ class ApiProcess:
     def of(cls, stack: Stack, *, name: str = "api") -> ApiProcess:
         return cls(stack.config, stack.root / f"{name}.log", env=stack.env())
 
-    def wait_ready(self, timeout: float = 60) -> ApiProcess:
+    def wait_ready(self, timeout: float = 60, *, token: str | None = None) -> ApiProcess:
+        """Wait for /readyz (``token``: api.metrics_token, when the stack sets one)."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(f"api exited with {self.proc.returncode}:\n{self.output()[-3000:]}")
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                if httpx.get(f"{self.url}/readyz", headers=headers, timeout=2).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
@@ -47,6 +49,16 @@ class ApiProcess:
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
+
+    def memory(self) -> tuple[float, float]:
+        """(resident, peak resident since the last ``reset_peak``) of the API process, in MiB."""
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines())
+        return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+    def reset_peak(self) -> float:
+        """Start measuring the peak resident memory afresh (Linux: clear_refs 5); the resident memory now, MiB."""
+        Path(f"/proc/{self.proc.pid}/clear_refs").write_text("5")
+        return self.memory()[0]
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -68,27 +80,55 @@ def create_key(stack: Stack, tenant: str, *, interactive: bool = False) -> tuple
     return res.stdout.split()[-1], secret
 
 
-class Receiver:
-    """An HTTP server on loopback that records what is POSTed to it and answers with ``statuses`` in turn."""
+HOOKS = "hooks.test"  # the receivers' name: resolved by the API through api.webhook_hosts, never DNS
 
-    def __init__(self, statuses: list[int]) -> None:
+
+class Receiver:
+    """An HTTP server on loopback, called by the name ``HOOKS`` (the API resolves it through ``api.webhook_hosts``
+    and connects to the address it checked: the pinning path), that records what is POSTed to it and answers with
+    ``statuses`` in turn. ``answer``: "now"; "trickle", its status line one byte a second (never whole within a
+    delivery's deadline); "endless", status and headers at once, then a body that never ends."""
+
+    def __init__(self, statuses: list[int], *, answer: str = "now") -> None:
         self.requests: list[tuple[dict[str, str], bytes]] = []
         self._statuses = list(statuses)
+        self._closing = threading.Event()
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 owner.requests.append(({k.lower(): v for k, v in self.headers.items()}, body))
-                self.send_response(owner._statuses.pop(0) if owner._statuses else 200)
+                status = owner._statuses.pop(0) if owner._statuses else 200
+                if answer == "trickle":
+                    owner._slowly(self.wfile, f"HTTP/1.1 {status} OK\r\nContent-Length: 0\r\n\r\n".encode(), 1.0)
+                    return
+                self.send_response(status)
+                if answer == "endless":
+                    self.send_header("Content-Length", str(1 << 40))
+                    self.end_headers()
+                    owner._slowly(self.wfile, b"x" * (1 << 20), 0.5)
+                    return
                 self.end_headers()
 
             def log_message(self, *args: object) -> None:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.url = f"http://{HOOKS}:{self.port}/hook"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def _slowly(self, out: object, data: bytes, every: float) -> None:
+        for i in range(len(data)):
+            if self._closing.wait(every):
+                return
+            try:
+                out.write(data[i:i + 1])  # type: ignore[attr-defined]
+                out.flush()  # type: ignore[attr-defined]
+            except OSError:  # the API gave up and closed: as it should
+                return
 
     def wait(self, n: int, timeout: float = 60) -> list[tuple[dict[str, str], bytes]]:
         deadline = time.monotonic() + timeout
@@ -98,7 +138,17 @@ class Receiver:
         return self.requests
 
     def close(self) -> None:
+        self._closing.set()
         self.server.shutdown()
+        self.server.server_close()
+
+
+def receiver_settings(*receivers: Receiver, private: bool = True) -> dict[str, str]:
+    """API settings under which callbacks reach these receivers: their ports allowed, their name resolved to
+    loopback through api.webhook_hosts, loopback allowed (``private``)."""
+    return {"API__WEBHOOK_PORTS": json.dumps([r.port for r in receivers]),
+            "API__WEBHOOK_HOSTS": json.dumps({HOOKS: "127.0.0.1"}),
+            "API__WEBHOOK_PRIVATE": "true" if private else "false"}
 
 
 def sse_events(text: str) -> list[tuple[str, dict]]:

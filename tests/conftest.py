@@ -227,3 +227,19 @@ def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
     database.upgrade()
     yield database
     database.dispose()
+
+
+@pytest.fixture
+def api_factory() -> Iterator[Callable[[Stack], object]]:
+    """Start ``paperlane api`` processes on a stack (tests.api_server.ApiProcess), ready; stopped afterwards."""
+    from tests.api_server import ApiProcess
+
+    started: list[ApiProcess] = []
+
+    def start(stack: Stack) -> ApiProcess:
+        started.append(ApiProcess.of(stack, name=f"api{len(started)}"))
+        return started[-1].wait_ready()
+
+    yield start
+    for api in started:
+        api.stop()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -15,27 +15,14 @@ from PIL import Image
 from paperlane.producer.webhooks import verify
 from paperlane.storage import webhooks
 from paperlane.storage.db import Database
-from tests.api_server import ApiProcess, Receiver, create_key, sse_events
-from tests.conftest import Stack, until
+from tests.api_server import HOOKS, ApiProcess, Receiver, create_key, receiver_settings, sse_events
+from tests.conftest import cli, until
 from tests.pages import render_page, sample_lines
 from tests.scoring import cer
 
 pytestmark = pytest.mark.slow
 
 API_SETTINGS = {"API__WEBHOOK_PRIVATE": "true", "API__WEBHOOK_BACKOFF": "0.3", "API__MAX_UPLOAD_BYTES": "3000000"}
-
-
-@pytest.fixture
-def api_factory() -> Iterator[Callable[[Stack], ApiProcess]]:
-    started: list[ApiProcess] = []
-
-    def start(stack: Stack) -> ApiProcess:
-        started.append(ApiProcess.of(stack, name=f"api{len(started)}"))
-        return started[-1].wait_ready()
-
-    yield start
-    for api in started:
-        api.stop()
 
 
 def _pdf(seeds: list[int]) -> bytes:
@@ -158,9 +145,9 @@ def test_requests_refused_under_attack(stack_factory, api_factory, tmp_path: Pat
 
 def test_events_stream_a_pdf_and_the_webhook_is_signed_and_retried(stack_factory, worker_factory, api_factory,
                                                                    tmp_path: Path) -> None:
-    stack = stack_factory(**API_SETTINGS)
-    worker_factory(stack)
     receiver = Receiver([500])  # the first try fails: it is retried
+    stack = stack_factory(**{**API_SETTINGS, **receiver_settings(receiver)})
+    worker_factory(stack)
     try:
         key, secret = create_key(stack, "acme", interactive=True)
         assert secret
@@ -179,7 +166,7 @@ def test_events_stream_a_pdf_and_the_webhook_is_signed_and_retried(stack_factory
         assert events[-1][1]["status"] == "succeeded" and events[-1][1]["outputs"]["pdf"]
 
         [(_, first), (headers, body)] = receiver.wait(2)
-        assert first == body
+        assert first == body and headers["host"] == f"{HOOKS}:{receiver.port}"  # pinned: by name, to its address
         assert verify(secret, body, headers["x-paperlane-signature"])
         assert not verify(secret, body + b" ", headers["x-paperlane-signature"])
         payload = json.loads(body)
@@ -194,15 +181,17 @@ def test_events_stream_a_pdf_and_the_webhook_is_signed_and_retried(stack_factory
 
 def test_an_s3_prefix_ingest_through_the_api(stack_factory, worker_factory, api_factory) -> None:
     stack = stack_factory(**API_SETTINGS)
-    (stack.root / "paperlane.env").open("a").write(f'PAPERLANE_API__INGEST_BUCKETS=["{stack.bucket}"]\n')
     worker_factory(stack)
     api = api_factory(stack)
     key, _ = create_key(stack, "acme")
     s3 = stack.s3()
+    inbox = f"{stack.bucket}-inbox"
+    s3.create_bucket(Bucket=inbox)
     for i in range(3):
-        s3.put_object(Bucket=stack.bucket, Key=f"inbox/{i}.png", Body=render_page(sample_lines(50 + i, 2)))
+        s3.put_object(Bucket=inbox, Key=f"acme/{i}.png", Body=render_page(sample_lines(50 + i, 2)))
+    assert cli(stack, "keys", "grant", "--tenant", "acme", f"s3://{inbox}/acme").returncode == 0
     auth = {"Authorization": f"Bearer {key}"}
-    resp = httpx.post(f"{api.url}/v1/ingests", json={"source": f"s3://{stack.bucket}/inbox/"}, headers=auth)
+    resp = httpx.post(f"{api.url}/v1/ingests", json={"source": f"s3://{inbox}/acme/"}, headers=auth)
     assert resp.status_code == 202, resp.text
     ingest_id = resp.json()["ingest_id"]
 

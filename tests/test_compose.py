@@ -190,7 +190,7 @@ def test_every_variable_is_in_the_env_example() -> None:
 
 
 def test_secrets_have_no_defaults() -> None:
-    for secret in ("POSTGRES_PASSWORD", "S3_ACCESS_KEY", "S3_SECRET_KEY"):
+    for secret in ("POSTGRES_PASSWORD", "REDIS_PASSWORD", "S3_ACCESS_KEY", "S3_SECRET_KEY"):
         env = {k: v for k, v in env_example().items() if k != secret}
         with pytest.raises(MissingVariable, match=secret):
             load_compose(env)
@@ -232,6 +232,8 @@ def test_settings_parse_and_point_at_the_services(name: str, monkeypatch: pytest
     assert (db.username, db.password) == (pg_env["POSTGRES_USER"], pg_env["POSTGRES_PASSWORD"])
     redis_url = urlsplit(s.redis.url)
     assert (redis_url.hostname, redis_url.port) == ("redis", 6379)
+    redis_args = argv(service("redis"))
+    assert redis_url.password and redis_args[redis_args.index("--requirepass") + 1] == redis_url.password
     weed = flags(argv(service("s3")))
     assert s.storage.backend is StorageBackend.S3
     assert s.storage.endpoint_url == f"http://s3:{weed['-s3.port']}"
@@ -255,6 +257,14 @@ def _command(args: list[str]) -> tuple[Any, list[str]]:
     while _is_group(cmd) and rest and rest[0] in cmd.commands:
         cmd = cmd.commands[rest.pop(0)]
     return cmd, rest
+
+
+def test_redis_needs_its_password_from_every_client() -> None:
+    password = env_example()["REDIS_PASSWORD"]
+    redis_args = argv(service("redis"))
+    assert redis_args[redis_args.index("--requirepass") + 1] == password
+    assert environment(service("redis"))["REDISCLI_AUTH"] == password  # the health check's redis-cli
+    assert environment(service("redis-exporter"))["REDIS_PASSWORD"] == password
 
 
 def test_dockerfile_entrypoint_is_paperlane() -> None:

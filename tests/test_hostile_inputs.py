@@ -24,8 +24,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from paperlane.producer.inputs import Document, Skipped, expand
+from paperlane.producer.inputs import Document, Inflation, Skipped, expand
 from paperlane.settings import IngestSettings
+from tests.bombs import zeros_tar_gz
 from tests.test_inputs import documents, jpeg, pdf_bytes, refusals, tar_bytes, zip_bytes
 
 LIMITS = IngestSettings()
@@ -227,7 +228,7 @@ def test_file_larger_than_the_limit_is_refused_before_it_is_read(tmp_path: Path)
 
     started = time.monotonic()
     items, peak = traced_peak(lambda: list(expand(paths, LIMITS)))
-    assert lines(items, tmp_path) == {"big.jpg": "larger than 512 MiB (ingest.max_document_bytes)"}
+    assert lines(items, tmp_path) == {"big.jpg": "larger than 200 MiB (ingest.max_document_bytes)"}
     assert peak < 5 * MiB and time.monotonic() - started < 5
     assert_good_after(items)
 
@@ -339,7 +340,7 @@ def test_zip_bomb_is_refused_without_inflating_it(tmp_path: Path) -> None:
     assert (tmp_path / "bomb.zip").stat().st_size < 2 * MiB  # 1 GiB inside
     paths = [tmp_path / "bomb.zip", good(tmp_path)]
 
-    for limits, line in [(LIMITS, "larger than 512 MiB (ingest.max_document_bytes)"),
+    for limits, line in [(LIMITS, "larger than 200 MiB (ingest.max_document_bytes)"),
                          (LIMITS.model_copy(update={"max_document_bytes": 4 << 30, "max_ratio": 200}),
                           "compression ratio over 200 (ingest.max_ratio)")]:
         items, peak = traced_peak(lambda limits=limits: list(expand(paths, limits)))  # type: ignore[misc]
@@ -364,7 +365,7 @@ def test_a_blank_uncompressed_page_in_a_zip_is_not_taken_for_a_bomb(tmp_path: Pa
 def test_tar_gz_bomb_is_stopped_while_it_inflates(tmp_path: Path) -> None:
     with tarfile.open(tmp_path / "bomb.tar.gz", "w:gz", compresslevel=9) as tf:
         info = tarfile.TarInfo("bomb.jpg")
-        info.size = 256 * MiB
+        info.size = 150 * MiB  # under max_document_bytes: read as a member
         tf.addfile(info, zeros(info.size))
         tar_entry(tf, "never.jpg", tarfile.REGTYPE, data=jpeg(1))
     paths = [tmp_path / "bomb.tar.gz", good(tmp_path)]
@@ -386,7 +387,7 @@ def test_member_count_and_uncompressed_total_are_capped(tmp_path: Path) -> None:
     assert lines(items, tmp_path) == {
         "many.tar": "archive refused from member 4 on: more than 3 members (ingest.max_members)",
         # zipfile reads a zip's whole directory: one too long is refused before, from its end record
-        "many.zip": "5 members, more than 3 (ingest.max_members)"}
+        "many.zip": "more than 3 members (ingest.max_members)"}
     assert [d.source.removeprefix(f"{tmp_path}/") for d in documents(items) if d.error is None] == [
         "many.tar!0.jpg", "many.tar!1.jpg", "many.tar!2.jpg", "good-after.jpg"]
 
@@ -429,3 +430,44 @@ def test_a_tar_of_many_members_holds_none_of_their_headers(tmp_path: Path) -> No
     items, peak = traced_peak(lambda: list(expand(paths, LIMITS)))
     assert len(items) == 20_001
     assert peak < 8 * MiB  # tarfile's stream mode would keep 20,000 headers: 7 MiB more
+
+
+def test_archives_cost_at_most_a_multiple_of_what_was_sent(tmp_path: Path) -> None:
+    # 4 GiB of zeros in 4 MB: its member is larger than a worker takes, and skipping it inflates: stopped once the
+    # call has read ingest.expansion_floor (256 MiB here: 20 x 4 MB is less) out of archives. Every archive after
+    # it is refused at once; a document that is no archive's member still comes.
+    bomb = zeros_tar_gz(tmp_path / "bomb.tar.gz", 4 << 30)
+    (tmp_path / "later.tar").write_bytes(tar_bytes({"a.jpg": jpeg(1)}))
+    paths = [bomb, tmp_path / "later.tar", good(tmp_path)]
+    inflation = Inflation(LIMITS)
+
+    started = time.process_time()
+    items, peak = traced_peak(lambda: list(expand(paths, LIMITS, inflation=inflation)))
+    cpu = time.process_time() - started
+    why = ("archives inflate past 256 MiB, 20 times the 4 MiB sent (ingest.max_expansion, ingest.expansion_floor)")
+    assert lines(items, tmp_path) == {"bomb.tar.gz!zeros.tif": "larger than 200 MiB (ingest.max_document_bytes)",
+                                      "bomb.tar.gz": f"archive refused from member 1 on: {why}",
+                                      "later.tar": f"archive refused: {why}"}
+    assert inflation.exceeded == why and inflation.inflated <= inflation.allowed() + 2 * MiB
+    assert_good_after(items)
+    assert peak < 10 * MiB and cpu < 10, (peak, cpu)
+
+
+def test_a_zip_whose_end_record_understates_its_directory_is_counted_from_the_directory(tmp_path: Path) -> None:
+    data = bytearray(zip_bytes({f"{i}.jpg": jpeg(1) for i in range(5)}))
+    end = data.rfind(b"PK\x05\x06")
+    data[end + 8:end + 12] = struct.pack("<HH", 1, 1)  # "1 entry" on this disk and in all
+    (tmp_path / "lying.zip").write_bytes(bytes(data))
+    items = list(expand([tmp_path / "lying.zip", good(tmp_path)], LIMITS.model_copy(update={"max_members": 3})))
+    assert lines(items, tmp_path) == {"lying.zip": "more than 3 members (ingest.max_members)"}
+    assert_good_after(items)
+
+
+def test_a_tar_member_name_that_is_not_utf8_is_read_with_replacement_characters(tmp_path: Path) -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT, encoding="latin-1") as tf:
+        tar_entry(tf, "caf\xe9\x00.jpg".replace("\x00", ""), tarfile.REGTYPE, data=jpeg(1))  # é in Latin-1
+    (tmp_path / "latin1.tar").write_bytes(buf.getvalue())
+    [doc, _] = documents(list(expand([tmp_path / "latin1.tar", good(tmp_path)], LIMITS)))
+    assert doc.error is None and doc.source.endswith("latin1.tar!caf\ufffd.jpg") and doc.name == "caf\ufffd"
+    doc.source.encode("utf-8")  # a database takes it

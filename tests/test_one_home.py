@@ -38,7 +38,7 @@ def _strings(tree: ast.AST) -> list[tuple[int, str]]:
 
 def test_only_the_keys_module_names_redis_keys() -> None:
     names = (keys.DELAYED, keys.RELEASING, keys.DELAYED_CHANNEL, keys.DEAD_LETTERS, keys.UNACKED, keys.answer("x"),
-             keys.rate("x", 0), keys.queue("x"))
+             keys.rate("x"), keys.streams("x"), keys.queue("x"))
     assert all(_key_like(name) for name in names)  # what the check below looks for is what keys are like
     wrong = [f"{rel}:{line}: {text!r}" for rel, tree in _sources(skip={"priority/keys.py"})
              for line, text in _strings(tree) if _key_like(text)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 
@@ -9,7 +11,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from paperlane.errors import UsageError
+from paperlane.errors import OverBudget, UsageError
 from paperlane.producer.inputs import Document
 from paperlane.producer.submit import SubmittedPage, Submitter
 from paperlane.schemas import TaskSpec
@@ -96,3 +98,93 @@ def test_tenants_never_share_work_and_a_finished_ingest_queues_one_webhook(db: D
     assert webhooks.claim_due(db, now=utcnow(), lease=30) == []
     succeed(db, pa[1].job_id)
     assert len(webhooks.deliveries(db, ingest_id)) == 2
+
+
+def _budget(db: Database, tenant_id: str, cap: int) -> tenants.PageBudget:
+    return tenants.PageBudget(db, tenant_id, default_cap=cap)
+
+
+def test_pages_in_flight_are_reserved_atomically_and_released_as_pages_finish(db: Database, tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    made = tenants.create_key(db, tenant="acme")
+    owner = ingests.Owner(made.tenant_id, made.key_id, None)
+    budget = _budget(db, made.tenant_id, 6)
+
+    def submit(docs: list[Document]) -> list[SubmittedPage]:
+        sub = Submitter(db=db, store=store, spec=TaskSpec(), owner=owner, pages=budget)
+        return [p for p in sub.submit(docs, name=f"upload {len(docs)} {docs[0].name}", sources=[])
+                if isinstance(p, SubmittedPage)]
+
+    pages = submit([doc("a", tiny_page(1), pages=2)])
+    assert budget.room() == (2, 6)
+    # Eight reservations at once against 4 pages of room: exactly 4 pass, whatever the interleaving.
+    with ThreadPoolExecutor(8) as pool:
+        outcomes = list(pool.map(lambda _: _try(budget.reserve, 1), range(8)))
+    assert outcomes.count(None) == 4 and all(isinstance(o, OverBudget) and o.retryable for o in outcomes if o)
+    budget.release(4)
+
+    succeed(db, pages[0].job_id)  # a page final: out of flight
+    assert budget.room() == (1, 6)
+    jobstore.requeue(db, pages[0].job_id)  # redone: in flight again
+    assert budget.room() == (2, 6)
+    succeed(db, pages[0].job_id)
+    jobstore.finish_failed(db, pages[1].job_id, "engine refused", "inference")
+    assert budget.room() == (0, 6)
+    # The same bytes again: what was reserved for the page whose job succeeded is given back at once; the failed
+    # one is queued again, with the first ingest's page of it: two pages in flight.
+    again = submit([doc("a2", tiny_page(1), pages=2)])
+    assert {p.job_id for p in again} == {p.job_id for p in pages} and budget.room() == (2, 6)
+    jobstore.finish_failed(db, pages[1].job_id, "engine refused", "inference")
+    assert budget.room() == (0, 6)
+    # More pages than the whole budget: that document is refused (its one failed page, final at once).
+    [refused] = submit([doc("huge", tiny_page(2), pages=7)])
+    assert refused.error == "7 pages are more than this tenant may have in flight (6)" and budget.room() == (0, 6)
+    # Past the budget now: the submit stops and gives back what it had reserved; nothing is registered.
+    submit([doc("five", tiny_page(3), pages=5)])
+    with pytest.raises(OverBudget) as raised:
+        submit([doc("b", tiny_page(4)), doc("c", tiny_page(5), pages=3)])
+    assert raised.value.retryable and budget.room() == (5, 6)
+
+
+def _try(fn: Callable[[int], None], n: int) -> Exception | None:
+    try:
+        fn(n)
+    except Exception as exc:
+        return exc
+    return None
+
+
+def test_a_key_prefix_is_matched_literally_and_a_whole_key_exactly(db: Database) -> None:
+    first = tenants.create_key(db, tenant="acme")
+    second = tenants.create_key(db, tenant="acme")
+    assert tenants.revoke_key(db, "pl______") == 0  # LIKE would read every _ as any character: every key
+    assert tenants.revoke_key(db, "pl_%%%%%") == 0
+    assert tenants.revoke_key(db, first.key) == 1
+    assert tenants.authenticate(db, first.key) is None and tenants.authenticate(db, second.key) is not None
+
+
+def test_ingest_grants_are_per_tenant_and_compared_as_folders(db: Database) -> None:
+    tenants.create_key(db, tenant="a")
+    b = tenants.create_key(db, tenant="b")
+    assert tenants.grant_ingest(db, "a", "inbox", "a") == "a/"
+    tenants.grant_ingest(db, "b", "inbox", "b/")
+    tenants.grant_ingest(db, "b", "shared", "")
+    a_id = tenants.authenticate(db, tenants.create_key(db, tenant="a").key).tenant_id  # type: ignore[union-attr]
+    assert tenants.may_ingest(db, a_id, "inbox", "a/") and tenants.may_ingest(db, a_id, "inbox", "a")
+    assert tenants.may_ingest(db, a_id, "inbox", "a/2026/x.jpg")
+    for bucket, prefix in [("inbox", "b/"), ("inbox", ""), ("inbox", "a2/"), ("inbox", "ab"), ("shared", "a/"),
+                           ("inbox", "a%"), ("inbox", "_/")]:
+        assert not tenants.may_ingest(db, a_id, bucket, prefix), (bucket, prefix)
+    assert tenants.may_ingest(db, b.tenant_id, "shared", "anything/at/all")
+    assert tenants.list_grants(db, "b") == [("b", "inbox", "b/"), ("b", "shared", "")]
+    assert tenants.revoke_grant(db, "b", "inbox", "b") == 1 and not tenants.may_ingest(db, b.tenant_id, "inbox", "b/")
+    with pytest.raises(UsageError):
+        tenants.grant_ingest(db, "nobody", "inbox", "")
+
+
+def test_a_webhook_secret_can_be_rotated(db: Database) -> None:
+    made = tenants.create_key(db, tenant="acme")
+    new = tenants.rotate_webhook_secret(db, "acme")
+    assert new != made.webhook_secret and tenants.webhook_secret(db, made.tenant_id) == new
+    with pytest.raises(UsageError):
+        tenants.rotate_webhook_secret(db, "nobody")

@@ -133,6 +133,27 @@ def test_upload_a_scan_and_watch_its_page_finish(browser: Chrome, downloads: Pat
     assert first_words in json.dumps(json.loads(saved.read_text()))
 
     browser.refresh()
-    assert browser.find_element(By.ID, "key").get_attribute("value") == key, "the key is kept in localStorage"
-    severe = [e for e in browser.get_log("browser") if e["level"] == "SEVERE" and "401" not in e["message"]]
+    assert browser.find_element(By.ID, "key").get_attribute("value") == key, "the key is kept for the tab"
+    assert browser.execute_script("return [localStorage.length, sessionStorage.getItem('paperlane.apiKey')]") == [
+        0, key], "in sessionStorage, never in localStorage"
+    _same_origin_only(browser, server)
+
+
+def _same_origin_only(driver: Chrome, server: ApiProcess) -> list[str]:
+    """What the page loaded, all from the API's origin; nothing was refused (a CSP violation is a SEVERE console
+    entry)."""
+    loaded: list[str] = driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+    assert all(url.startswith(server.url + "/") or url.startswith("blob:") for url in loaded), loaded
+    severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE" and "401" not in e["message"]]
     assert severe == [], severe
+    return loaded
+
+
+def test_the_docs_render_with_scripts_from_this_origin_only(browser: Chrome, api_server: ApiProcess) -> None:
+    server = api_server.wait_ready()
+    browser.get(server.url + "/docs")
+    _wait(browser, "Swagger UI rendering the API", server=server, timeout=30,
+          until=lambda d: "/v1/documents" in _visible_text(d, ".swagger-ui .opblock-summary-path"))
+    assert "paperlane API" in browser.title
+    loaded = _same_origin_only(browser, server)
+    assert f"{server.url}/docs/assets/swagger-ui-bundle.js" in loaded and f"{server.url}/openapi.json" in loaded

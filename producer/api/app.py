@@ -14,7 +14,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from paperlane.metrics import API_REQUESTS, API_SECONDS
-from paperlane.producer.api import documents, errors, health, ingests, pages
+from paperlane.producer.api import documents, errors, health, ingests, pages, web
+from paperlane.producer.api.guard import Guard
 from paperlane.producer.api.service import Service
 from paperlane.producer.webhooks import Dispatcher
 from paperlane.settings import Settings
@@ -38,11 +39,12 @@ def create_app(settings: Settings, *, webhooks: bool = True) -> FastAPI:
                 await task
             service.close()
 
-    app = FastAPI(title="paperlane", version="1", lifespan=lifespan,
+    app = FastAPI(title="paperlane", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Scanned documents to structured text: upload, wait, stream page results.")
     errors.install(app)
+    app.add_middleware(Guard)  # inside the measuring middleware: its refusals are counted too
     _measure(app)
-    for module in (health, documents, ingests, pages):
+    for module in (health, web, documents, ingests, pages):
         app.include_router(module.router)
     return app
 
@@ -63,4 +65,4 @@ def serve(settings: Settings, *, host: str, port: int) -> None:
     import uvicorn
 
     uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower(),
-                proxy_headers=True, server_header=False)
+                proxy_headers=True, forwarded_allow_ips=settings.api.trusted_proxies, server_header=False)

@@ -1,22 +1,32 @@
-"""/v1/documents: upload a document (or an archive of them), its status (long poll), its outputs, its events."""
+"""/v1/documents: upload a document (or an archive of them), its status (long poll), its outputs, its events.
+
+A stream of events and a long poll each count among the key's open streams (``api.max_streams_per_key``, over every
+replica; 429 past it) while they last; a stream ends after ``api.stream_seconds`` (the client connects again and
+gets the pages already final again). Both read the database every ``api.stream_poll`` seconds on the streams'
+own threads, the document's counts first and its pages only when they changed."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Annotated, Any
 
-from anyio import to_thread
+from anyio import CancelScope, to_thread
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from paperlane.errors import redact
 from paperlane.producer.api import uploads
-from paperlane.producer.api.errors import ApiError
+from paperlane.producer.api.errors import ApiError, public
+from paperlane.producer.api.limits import retry_after
 from paperlane.producer.api.options import checked
-from paperlane.producer.api.service import CallerDep, Service, ServiceDep, check_room
+from paperlane.producer.api.service import CallerDep, Service, ServiceDep
 from paperlane.status import OutputsState, RollupState
 from paperlane.storage import ingests, views
 from paperlane.storage.db import as_utc, utcnow
@@ -26,7 +36,6 @@ from paperlane.storage.tenants import Caller
 
 router = APIRouter(prefix="/v1/documents", tags=["documents"])
 
-POLL = 0.25  # seconds between database reads while a client waits
 _KEEPALIVE = 15.0
 _FORMATS = {"json": ("json_key", "application/json"), "md": ("markdown_key", "text/markdown"),
             "pdf": ("pdf_key", "application/pdf")}
@@ -40,11 +49,10 @@ _UPLOAD_FORM = {"requestBody": {"content": {"multipart/form-data": {"schema": {
 @router.post("", status_code=202, openapi_extra=_UPLOAD_FORM)
 async def post_document(request: Request, svc: ServiceDep, who: CallerDep) -> JSONResponse:
     """Upload an image, PDF, TIFF or zip/tar archive; its pages are queued. Answers with its ids."""
-    values, upload = await uploads.read_form(request, svc)
+    values, upload = await uploads.read_form(request)
     try:
-        opts, spec = await to_thread.run_sync(checked, values, who, svc.settings.api)  # resolves the callback host
-        await to_thread.run_sync(check_room, svc, who)
-        body = await to_thread.run_sync(uploads.register, svc, who, opts, spec, upload)
+        opts, spec = await svc.resolving(checked, values, who, svc.settings.api)  # resolves the callback host
+        body = await to_thread.run_sync(uploads.register, svc, who, opts, spec, upload, limiter=svc.registration)
     finally:
         await upload.close()
     return JSONResponse(body, status_code=202)
@@ -57,7 +65,7 @@ async def get_document(document_id: str, svc: ServiceDep, who: CallerDep,
 
     def read() -> dict[str, Any]:
         return views.document_view(*ingests.document_progress(svc.db, document_id, tenant_id=who.tenant_id))
-    return await wait_for_change(read, wait, svc.settings.api.max_wait)
+    return public(await wait_for_change(svc, who, read, wait))
 
 
 @router.get("/{document_id}/result")
@@ -79,7 +87,8 @@ def _not_ready(row: DocumentRow, done: bool, format: str) -> ApiError:
     if not done:
         return ApiError(409, "not_ready", "the document's pages are still being processed", {"Retry-After": "1"})
     if row.outputs == OutputsState.FAILED.value:
-        return ApiError(404, "outputs_failed", f"the document's outputs could not be written: {row.outputs_error}")
+        return ApiError(404, "outputs_failed",
+                        f"the document's outputs could not be written: {redact(row.outputs_error or 'unknown')}")
     if row.outputs == OutputsState.WRITTEN.value and format == "pdf":
         return ApiError(404, "not_found", "no searchable PDF could be made for this document")
     return ApiError(409, "outputs_pending", "every page is final; the document's outputs are being written",
@@ -89,22 +98,70 @@ def _not_ready(row: DocumentRow, done: bool, format: str) -> ApiError:
 @router.get("/{document_id}/events")
 async def document_events(request: Request, document_id: str, svc: ServiceDep, who: CallerDep) -> StreamingResponse:
     """Server-Sent Events: ``page`` as each page finishes (with its result), then ``done``."""
-    await to_thread.run_sync(partial(ingests.document_progress, svc.db, document_id,
-                                     tenant_id=who.tenant_id))  # 404 before the stream starts
-    return StreamingResponse(_events(request, svc, document_id, who), media_type="text/event-stream",
+    await svc.read(partial(ingests.document_progress, svc.db, document_id,
+                           tenant_id=who.tenant_id))  # 404 before the stream starts
+    stream = await _Stream.open(svc, who)
+    return StreamingResponse(_events(request, svc, document_id, who, stream), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-async def wait_for_change(read: Callable[[], dict[str, Any]], wait: float, max_wait: float) -> dict[str, Any]:
-    """``read()`` now, or once it differs from now (long poll), or when ``wait`` seconds have passed."""
-    view = await to_thread.run_sync(read)
-    deadline = time.monotonic() + min(wait, max_wait)
-    while time.monotonic() < deadline and not RollupState(view["status"]).final:
-        await asyncio.sleep(POLL)
-        newer = await to_thread.run_sync(read)
-        if newer != view:
-            return newer
-    return view
+async def wait_for_change(svc: Service, who: Caller, read: Callable[[], dict[str, Any]],
+                          wait: float) -> dict[str, Any]:
+    """``read()`` now, or once it differs from now (long poll, counted among the key's streams), or when ``wait``
+    seconds (at most ``api.max_wait``) have passed."""
+    api = svc.settings.api
+    view = await svc.read(read)
+    deadline = time.monotonic() + min(wait, api.max_wait)
+    if time.monotonic() >= deadline or RollupState(view["status"]).final:
+        return view
+    stream = await _Stream.open(svc, who)
+    try:
+        while time.monotonic() < deadline:
+            await asyncio.sleep(min(api.stream_poll, max(0.0, deadline - time.monotonic())))
+            newer = await svc.read(read)
+            if newer != view:
+                return newer
+            await stream.renew()
+        return view
+    finally:
+        await stream.close()
+
+
+@dataclass
+class _Stream:
+    """A stream (or long poll) counted among its key's open ones while it lasts: renewed every few seconds, so one
+    whose replica died stops counting within ``_lapse``."""
+
+    svc: Service
+    who: Caller
+    id: str
+    renewed: float
+
+    @classmethod
+    async def open(cls, svc: Service, who: Caller) -> _Stream:
+        """429 when the key holds ``api.max_streams_per_key`` already."""
+        cap, stream = svc.settings.api.max_streams_per_key, uuid.uuid4().hex
+        opened = await to_thread.run_sync(partial(svc.limits.open_stream, who.key_id, stream, cap=cap,
+                                                  lapse=_lapse(svc)))
+        if not opened:
+            raise ApiError(429, "too_many_streams", f"this key has {cap} streams or long polls open "
+                           "(api.max_streams_per_key)", {"Retry-After": retry_after(_lapse(svc))})
+        return cls(svc, who, stream, time.monotonic())
+
+    async def renew(self) -> None:
+        if time.monotonic() - self.renewed >= _KEEPALIVE / 3:
+            self.renewed = time.monotonic()
+            await to_thread.run_sync(partial(self.svc.limits.renew_stream, self.who.key_id, self.id,
+                                             lapse=_lapse(self.svc)))
+
+    async def close(self) -> None:
+        with CancelScope(shield=True), contextlib.suppress(Exception):  # also when the client went away
+            await to_thread.run_sync(self.svc.limits.close_stream, self.who.key_id, self.id)
+
+
+def _lapse(svc: Service) -> float:
+    """How long an open stream stays counted without a renewal (renewals come every ``_KEEPALIVE / 3`` s)."""
+    return 3 * svc.settings.api.stream_poll + _KEEPALIVE
 
 
 def _header_safe(name: str) -> str:
@@ -115,28 +172,43 @@ def _sse(event: str, data: dict[str, Any]) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
-async def _events(request: Request, svc: Service, document_id: str, who: Caller) -> AsyncIterator[bytes]:
+async def _events(request: Request, svc: Service, document_id: str, who: Caller,
+                  stream: _Stream) -> AsyncIterator[bytes]:
+    try:
+        async for frame in _frames(request, svc, document_id, who, stream):
+            yield frame
+    finally:
+        await stream.close()
+
+
+async def _frames(request: Request, svc: Service, document_id: str, who: Caller,
+                  stream: _Stream) -> AsyncIterator[bytes]:
+    api = svc.settings.api
     sent: set[str] = set()
-    last = time.monotonic()
-    while not await request.is_disconnected():
-        pages = await to_thread.run_sync(ingests.document_pages, svc.db, document_id)
-        document = await to_thread.run_sync(ingests.get_document, svc.db, document_id)
-        for page, job in pages:
-            if page.id not in sent and views.page_state(job).final:
-                result = await to_thread.run_sync(partial(page_result, svc.store, job, source=document.source,
-                                                          page_no=page.page_no))
-                sent.add(page.id)
-                last = time.monotonic()
-                yield _sse("page", views.page_view(page.id, document_id, page.page_no, job, result=result))
-        if pages and len(sent) == len(pages) and _outputs_settled(document):
-            final = await to_thread.run_sync(partial(ingests.document_progress, svc.db, document_id,
-                                                     tenant_id=who.tenant_id))
-            yield _sse("done", views.document_view(*final))
+    last = started = time.monotonic()
+    seen: tuple[int, int] | None = None  # the document's final pages when its pages were last read
+    while not await request.is_disconnected() and time.monotonic() - started < api.stream_seconds:
+        document = await svc.read(ingests.get_document, svc.db, document_id)
+        if seen != (counts := (document.pages_succeeded, document.pages_failed)):
+            pages = await svc.read(ingests.document_pages, svc.db, document_id)
+            seen = counts
+            for page, job in pages:
+                if page.id not in sent and views.page_state(job).final:
+                    result = await svc.read(partial(page_result, svc.store, job, source=document.source,
+                                                    page_no=page.page_no))
+                    sent.add(page.id)
+                    last = time.monotonic()
+                    yield _sse("page", public(views.page_view(page.id, document_id, page.page_no, job,
+                                                              result=result)))
+        if document.pages_total and len(sent) >= document.pages_total and _outputs_settled(document):
+            final = await svc.read(partial(ingests.document_progress, svc.db, document_id, tenant_id=who.tenant_id))
+            yield _sse("done", public(views.document_view(*final)))
             return
         if time.monotonic() - last > _KEEPALIVE:
             last = time.monotonic()
             yield b": keepalive\n\n"
-        await asyncio.sleep(POLL)
+        await stream.renew()
+        await asyncio.sleep(api.stream_poll)
 
 
 def _outputs_settled(document: DocumentRow) -> bool:

@@ -1,19 +1,24 @@
 """The API's one error shape, ``{"error": {"code": ..., "message": ...}}``, with a public message only: nothing
 internal (a traceback, a SQL statement, a host name) reaches a client. Another tenant's ids answer 404, as
-unknown ids do."""
+unknown ids do. Reasons recorded on rows (a page's error, an ingest's failures) go out through ``public``, which
+strips internal addresses and SQL from them."""
 
 from __future__ import annotations
 
 import logging
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
-from paperlane.errors import NotFound, StorageUnavailable, UsageError, public_reason
+from paperlane.errors import NotFound, StorageUnavailable, UsageError, public_reason, redact
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class ApiError(Exception):
@@ -24,6 +29,22 @@ class ApiError(Exception):
 
 def error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
+
+
+_REASONS = frozenset({"error", "reason"})
+
+
+def public(view: T) -> T:
+    """``view`` (a status view, a page's result) with every reason in it (``error``, ``reason``) redacted."""
+    return _redacted(view)  # type: ignore[no-any-return]
+
+
+def _redacted(view: Any) -> Any:
+    if isinstance(view, dict):
+        return {k: redact(v) if k in _REASONS and isinstance(v, str) else _redacted(v) for k, v in view.items()}
+    if isinstance(view, list):
+        return [_redacted(v) for v in view]
+    return view
 
 
 def install(app: FastAPI) -> None:
@@ -39,7 +60,12 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(UsageError)
     async def usage(request: Request, exc: UsageError) -> JSONResponse:
-        return error(400, "invalid_request", public_reason(exc))
+        return error(400, "invalid_request", redact(public_reason(exc)))
+
+    @app.exception_handler(ClientDisconnect)
+    async def gone(request: Request, exc: ClientDisconnect) -> JSONResponse:
+        # The client went away, or the guard cut a body off past its limit (and answered 413 itself).
+        return error(400, "client_disconnected", "the request body did not arrive whole")
 
     @app.exception_handler(StorageUnavailable)
     async def unavailable(request: Request, exc: StorageUnavailable) -> JSONResponse:

@@ -1,14 +1,14 @@
-"""The process's health (/healthz), its readiness (/readyz: the database, Redis and the object store answer), its
-metrics (/metrics), and the web page (/)."""
+"""The process's health (/healthz, answered on the event loop: no thread, no service), its readiness (/readyz:
+the database, Redis and the object store answer) and its metrics (/metrics); the last two need
+``api.metrics_token`` when one is set (the guard checks it)."""
 
 from __future__ import annotations
 
 import logging
 from functools import partial
-from importlib import resources
 
 from fastapi import APIRouter
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
@@ -20,18 +20,13 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 
 
-@router.get("/", include_in_schema=False)
-def index() -> HTMLResponse:
-    return HTMLResponse(resources.files("paperlane.producer").joinpath("web/index.html").read_text("utf-8"))
-
-
 @router.get("/metrics", include_in_schema=False)
 def metrics() -> Response:
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/healthz", tags=["health"])
-def healthz() -> dict[str, str]:
+async def healthz() -> dict[str, str]:
     """The process is up."""
     return {"status": "ok"}
 

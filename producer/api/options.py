@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from paperlane.priority.lanes import LEVELS_PER_LANE, Lane
+from paperlane.priority.lanes import LEVELS_PER_LANE, Lane, message_priority
 from paperlane.producer.api.errors import ApiError
 from paperlane.producer.webhooks import check_callback
 from paperlane.schemas import Task, TaskSpec
@@ -23,6 +23,14 @@ class Options(BaseModel):
     callback_url: str | None = Field(None, description="POSTed (signed) when the ingest finishes")
     name: str | None = Field(None, max_length=200)
 
+    @field_validator("fields", "to", "name", mode="after")  # a callback URL is checked as one (400)
+    @classmethod
+    def _printable(cls, value: Any) -> Any:
+        for text in value if isinstance(value, list) else [value]:
+            if isinstance(text, str) and any(not c.isprintable() for c in text):
+                raise ValueError("no control characters")
+        return value
+
     def spec(self) -> TaskSpec:
         return TaskSpec(task=self.task, fields=tuple(self.fields), target_language=self.to)
 
@@ -36,17 +44,18 @@ class IngestRequest(Options):
 
 
 def checked(options: Options | dict[str, Any], who: Caller, api: ApiSettings) -> tuple[Options, TaskSpec]:
-    """``options`` validated for ``who``: 422 when they do not validate, 403 for a lane its key may not use, 400 for
-    a callback URL that may not be called. Resolves the callback's host: call it off the event loop."""
+    """``options`` validated for ``who``: 422 when they do not validate, 403 for a lane (a message priority) its key
+    may not use, 400 for a callback URL that may not be called. Resolves the callback's host: call it off the event
+    loop."""
     try:
         opts = options if isinstance(options, Options) else Options.model_validate(options)
         spec = opts.spec()
     except (ValidationError, ValueError) as exc:
         raise ApiError(422, "invalid_request", _first_error(exc)) from None
-    if opts.lane is Lane.INTERACTIVE and not who.interactive:
+    if not who.interactive and message_priority(opts.lane, opts.priority) < Lane.BATCH.base_priority:
         raise ApiError(403, "lane_forbidden", "this key may not use the interactive lane")
     if opts.callback_url:
-        check_callback(opts.callback_url, allow_private=api.webhook_private)
+        check_callback(opts.callback_url, api)
     return opts, spec
 
 

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import Response
 
-from paperlane.producer.api.errors import ApiError
+from paperlane.producer.api.errors import ApiError, public
 from paperlane.producer.api.service import CallerDep, ServiceDep
 from paperlane.storage import ingests, views
 from paperlane.storage.results import page_result
@@ -22,7 +22,8 @@ def get_page(page_id: str, svc: ServiceDep, who: CallerDep) -> dict[str, Any]:
     result = None
     if views.page_state(found.job).final:
         result = page_result(svc.store, found.job, source=found.document.source, page_no=found.page.page_no)
-    return views.page_view(found.page.id, found.document.id, found.page.page_no, found.job, result=result)
+    view = views.page_view(found.page.id, found.document.id, found.page.page_no, found.job, result=result)
+    return public(view)
 
 
 @router.get("/{page_id}/annotated")

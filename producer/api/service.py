@@ -1,30 +1,43 @@
-"""What the routes share (settings, database, object store, broker, Redis) and who is calling: a key's caller,
-within its rate."""
+"""What the routes share (settings, database, object store, broker, Redis, their threads) and who is calling: a
+key's caller, found by the guard (``producer.api.guard``) before anything of the request was read.
+
+Work that waits on others runs on threads of its own kind, so that one kind cannot hold the others up: uploads
+are registered under ``registration`` (``api.register_threads``), streams and long polls read the database under
+``streams`` (``api.stream_threads``), callback hosts resolve on ``dns`` (``api.webhook_concurrency``), S3 ingests
+register on ``ingests`` (``api.ingest_threads``, one per tenant at a time); the rest (key lookups, status reads)
+shares anyio's default threads. ``/healthz`` needs none.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Annotated
+from functools import partial
+from typing import Annotated, Any, TypeVar
 
 import redis
+from anyio import CapacityLimiter, to_thread
 from fastapi import Depends, Request
 
-from paperlane.errors import StorageUnavailable
-from paperlane.priority import keys
+from paperlane.errors import UsageError
 from paperlane.priority.broker import make_celery
 from paperlane.priority.connection import open_redis
 from paperlane.producer.api.errors import ApiError
+from paperlane.producer.api.limits import Limits
 from paperlane.producer.submit import CeleryPublisher
 from paperlane.settings import Settings
-from paperlane.storage import ingests
 from paperlane.storage.db import Database
 from paperlane.storage.objects import ObjectStore, open_store
-from paperlane.storage.tenants import Caller, authenticate
+from paperlane.storage.tenants import Caller, PageBudget, authenticate
+
+T = TypeVar("T")
 
 _AUTH_TTL = 5.0  # seconds a key's lookup is reused (a revoked key stops within this)
+CALLER = "paperlane_caller"  # the ASGI scope's entry the guard puts the caller in
 
 
 @dataclass
@@ -34,75 +47,87 @@ class Service:
     store: ObjectStore
     publisher: CeleryPublisher
     redis: redis.Redis
+    limits: Limits
+    registration: CapacityLimiter
+    streams: CapacityLimiter
+    dns: ThreadPoolExecutor
+    ingests: ThreadPoolExecutor
     auth_cache: dict[str, tuple[float, Caller | None]] = field(default_factory=dict)
     registering: set[asyncio.Future[None]] = field(default_factory=set)  # S3 ingests being registered
+    registering_tenants: set[str] = field(default_factory=set)  # ... their tenants
+    stopping: threading.Event = field(default_factory=threading.Event)  # the API is stopping: so does registration
     uploads: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(16, thread_name_prefix="upload"))
 
     @classmethod
     def open(cls, settings: Settings) -> Service:
+        """Open what the routes share; call it in the event loop (the limiters belong to it)."""
+        api = settings.api
         db = Database(settings.database_url, pool_size=settings.database.pool_size)
-        return cls(settings, db, open_store(settings), CeleryPublisher(make_celery(settings)),
-                   open_redis(settings.redis))
+        client = open_redis(settings.redis)
+        return cls(settings, db, open_store(settings), CeleryPublisher(make_celery(settings)), client, Limits(client),
+                   registration=CapacityLimiter(api.register_threads), streams=CapacityLimiter(api.stream_threads),
+                   dns=ThreadPoolExecutor(api.webhook_concurrency, thread_name_prefix="dns"),
+                   ingests=ThreadPoolExecutor(api.ingest_threads, thread_name_prefix="ingest"))
 
     def close(self) -> None:
+        self.stopping.set()
+        self.ingests.shutdown(wait=True)
+        self.dns.shutdown(wait=False, cancel_futures=True)
         self.uploads.shutdown(wait=True)
         self.db.dispose()
         self.redis.close()
 
+    def caller(self, key: str) -> Caller | None:
+        """The caller a key belongs to (looked up again every few seconds), or None. Blocks: call it in a thread."""
+        now = time.monotonic()
+        cached = self.auth_cache.get(key)
+        if cached is None or cached[0] < now:
+            if len(self.auth_cache) > 10_000:
+                self.auth_cache.clear()
+            cached = (now + _AUTH_TTL, authenticate(self.db, key))
+            self.auth_cache[key] = cached
+        return cached[1]
 
-def service(request: Request) -> Service:
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the threads of streams and long polls."""
+        return await to_thread.run_sync(partial(fn, *args), limiter=self.streams)
+
+    async def resolving(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)``, which resolves a callback's host, within ``api.webhook_timeout``; 400 past it."""
+        loop = asyncio.get_running_loop()
+        timeout = self.settings.api.webhook_timeout
+        try:
+            return await asyncio.wait_for(loop.run_in_executor(self.dns, partial(fn, *args)), timeout)
+        except TimeoutError:
+            raise UsageError(f"callback_url's host did not resolve within {timeout:g} s") from None
+
+    def pages(self, who: Caller) -> PageBudget:
+        """The caller's tenant's budget of pages in flight."""
+        return PageBudget(self.db, who.tenant_id, default_cap=self.settings.api.max_pages_in_flight)
+
+
+async def service(request: Request) -> Service:
     return request.app.state.service  # type: ignore[no-any-return]
 
 
 ServiceDep = Annotated[Service, Depends(service)]
 
 
-def caller(request: Request) -> Caller:
-    """The key's caller, rate limited; 401 without a valid key, 429 past the key's rate."""
-    svc = service(request)
-    scheme, _, key = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
+async def caller(request: Request) -> Caller:
+    """The caller the guard found for this request (401 on a route it did not guard: none should exist)."""
+    found = request.scope.get(CALLER)
+    if not isinstance(found, Caller):
         raise ApiError(401, "unauthorized", "an API key is needed: Authorization: Bearer KEY",
                        {"WWW-Authenticate": "Bearer"})
-    key = key.strip()
-    now = time.monotonic()
-    cached = svc.auth_cache.get(key)
-    if cached is None or cached[0] < now:
-        if len(svc.auth_cache) > 10_000:
-            svc.auth_cache.clear()
-        cached = (now + _AUTH_TTL, authenticate(svc.db, key))
-        svc.auth_cache[key] = cached
-    found = cached[1]
-    if found is None:
-        raise ApiError(401, "unauthorized", "unknown or revoked API key", {"WWW-Authenticate": "Bearer"})
-    _rate_limit(svc, found)
     return found
 
 
 CallerDep = Annotated[Caller, Depends(caller)]
 
 
-def _rate_limit(svc: Service, who: Caller) -> None:
-    """A fixed one-minute window per key, counted in Redis (shared by every replica)."""
-    window = int(time.time() // 60)
-    name = keys.rate(who.key_id, window)
-    try:
-        with svc.redis.pipeline(transaction=False) as pipe:
-            pipe.incr(name)
-            pipe.expire(name, 120)
-            count, _ = pipe.execute()
-    except redis.RedisError as exc:
-        raise StorageUnavailable(f"redis: {exc}") from exc
-    if int(count) > svc.settings.api.rate_per_minute:
-        retry = 60 - int(time.time()) % 60
-        raise ApiError(429, "rate_limited", f"more than {svc.settings.api.rate_per_minute} requests a minute "
-                       "with this key", {"Retry-After": str(retry)})
-
-
 def check_room(svc: Service, who: Caller) -> None:
-    """429 when the key has ``api.max_pages_in_flight`` pages or more not final yet."""
-    in_flight = ingests.pages_in_flight(svc.db, api_key_id=who.key_id)
-    cap = svc.settings.api.max_pages_in_flight
+    """429 when the caller's tenant has as many pages in flight as it may."""
+    in_flight, cap = svc.pages(who).room()
     if in_flight >= cap:
-        raise ApiError(429, "too_many_pages", f"{in_flight} pages of this key are not finished (at most {cap})",
+        raise ApiError(429, "too_many_pages", f"this tenant has {in_flight:,} pages in flight (at most {cap:,})",
                        {"Retry-After": "10"})
