@@ -338,6 +338,9 @@ def _print_progress(v: dict[str, Any]) -> None:
     out.print("  " + "  ".join(f"{s.value} {v[s.value]}" for s in PageState if s is not PageState.UNPUBLISHED)
               + (f"  [red]{PageState.UNPUBLISHED.value} {v[PageState.UNPUBLISHED.value]} (broker was unreachable; "
                  "submit again)[/]" if v[PageState.UNPUBLISHED.value] else ""))
+    if v.get("needs_review"):
+        hint = f" (paperlane review --ingest {v['ingest_id']})" if kind == "ingest" else ""
+        out.print(f"  [yellow]needs review {v['needs_review']}[/]{hint}", highlight=False)
     if v.get("outputs") and v["outputs"]["state"]:
         failed = f" ({_shown(v['outputs']['error'])})" if v["outputs"]["error"] else ""
         out.print(f"  outputs {v['outputs']['state']}{failed}", highlight=False)
@@ -388,6 +391,31 @@ def _print_job(v: dict[str, Any]) -> None:
     for key in ("result", "annotated"):
         if v[key]:
             out.print(f"  {key}: {_shown(v[key])}", highlight=False)
+
+
+@app.command()
+def review(
+    ingest: Annotated[str, typer.Option("--ingest", help="an ingest's id")],
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="at most this many pages")] = 1000,
+) -> None:
+    """Pages of an ingest whose results need a person's eyes (a loop stopped, a fallback engine, truncated, empty,
+    low confidence), with why and their confidence, by document and page."""
+    from paperlane.storage import ingests, views
+    from paperlane.storage.db import Database
+
+    db = Database(_settings().database_url)
+    shown = [views.review_view(p) for p in ingests.review_pages(db, ingest, limit=limit)]
+    if as_json:
+        print(json.dumps(shown, indent=1))
+        return
+    table = Table("source", "page", "flags", "confidence", "engine")
+    for v in shown:
+        confidence = f"{v['confidence']:.2f}" if v["confidence"] is not None else ""
+        table.add_row(_shown(v["source"]), str(v["page_no"]), ", ".join(v["flags"]), confidence,
+                      _shown(v["engine"] or ""))
+    out.print(table)
+    err.print(f"{len(shown)} page{'s' * (len(shown) != 1)} need review", highlight=False)
 
 
 @app.command()

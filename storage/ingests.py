@@ -160,6 +160,7 @@ class Registered:
     unpublished: set[str] = field(default_factory=set)  # queued jobs whose message never went out
     new_documents: set[str] = field(default_factory=set)
     new_pages: set[str] = field(default_factory=set)
+    needs_review: set[str] = field(default_factory=set)  # succeeded jobs whose result needs a person's eyes
 
 
 def register(db: Database, ingest_id: str, *, jobs: list[dict[str, Any]], documents: list[NewDocument],
@@ -184,11 +185,14 @@ def register(db: Database, ingest_id: str, *, jobs: list[dict[str, Any]], docume
             stmt = _insert(dialect, _PAGES).on_conflict_do_nothing(index_elements=["id"])
             out.new_pages = set(s.scalars(stmt.returning(_PAGES.c.id), rows))
         job_ids = sorted({p.job_id for p in pages})
-        query = select(_JOBS.c.id, _JOBS.c.status, _JOBS.c.enqueued_at, _JOBS.c.error).where(_JOBS.c.id.in_(job_ids))
+        query = (select(_JOBS.c.id, _JOBS.c.status, _JOBS.c.enqueued_at, _JOBS.c.error, _JOBS.c.needs_review)
+                 .where(_JOBS.c.id.in_(job_ids)))
         if dialect == "postgresql":
             query = query.with_for_update(read=True)  # a job finishing now waits, then sees these pages
-        for job_id, status, enqueued_at, error in s.execute(query):
+        for job_id, status, enqueued_at, error, needs_review in s.execute(query):
             out.job_status[job_id] = JobStatus(status)
+            if status == JobStatus.SUCCEEDED.value and needs_review:
+                out.needs_review.add(job_id)
             if status == JobStatus.FAILED.value:
                 out.errors[job_id] = error or "unknown"
             if status == JobStatus.QUEUED.value and enqueued_at is None:
@@ -208,24 +212,29 @@ def _count_new(s: Session, ingest_id: str, documents: list[NewDocument], pages: 
     a new document whose every page is final already is finished, its outputs due."""
     final: dict[str, Counter[JobStatus]] = {}
     reasons: Counter[str] = Counter()
+    review: Counter[str] = Counter()  # document id -> its new pages already done and needing review
     for page in pages:
         status = out.job_status.get(page.job_id)
         if page.id in out.new_pages and status is not None and status.terminal:
             final.setdefault(page.document_id, Counter())[status] += 1
             if status is JobStatus.FAILED:
                 reasons[out.errors[page.job_id]] += 1
+            if page.job_id in out.needs_review:
+                review[page.document_id] += 1
     for reason, n in reasons.items():
         _add_failures(s, ingest_id, reason, n)
     for doc_id, counts in final.items():
         s.execute(update(_DOCUMENTS).where(_DOCUMENTS.c.id == doc_id).values(
             pages_succeeded=_DOCUMENTS.c.pages_succeeded + counts[JobStatus.SUCCEEDED],
-            pages_failed=_DOCUMENTS.c.pages_failed + counts[JobStatus.FAILED]))
+            pages_failed=_DOCUMENTS.c.pages_failed + counts[JobStatus.FAILED],
+            pages_review=_DOCUMENTS.c.pages_review + review[doc_id]))
     succeeded = sum(c[JobStatus.SUCCEEDED] for c in final.values())
     failed = sum(c[JobStatus.FAILED] for c in final.values())
     values: dict[str, Any] = dict(
         documents_total=_INGESTS.c.documents_total + len(out.new_documents),
         pages_total=_INGESTS.c.pages_total + len(out.new_pages),
-        pages_succeeded=_INGESTS.c.pages_succeeded + succeeded, pages_failed=_INGESTS.c.pages_failed + failed)
+        pages_succeeded=_INGESTS.c.pages_succeeded + succeeded, pages_failed=_INGESTS.c.pages_failed + failed,
+        pages_review=_INGESTS.c.pages_review + sum(review.values()))
     if succeeded + failed:
         values.update(first_done_at=func.coalesce(_INGESTS.c.first_done_at, now), last_done_at=now)
     values["finished_at"] = _finished_at(_INGESTS.c.pages_succeeded + _INGESTS.c.pages_failed + succeeded + failed, now)
@@ -259,9 +268,9 @@ def outputs_due(done: Any) -> dict[str, Any]:
 
 
 def rollup(s: Session, job_id: str, *, succeeded: int, failed: int, now: datetime,
-           reason: str | None = None) -> list[str]:
-    """Move every page of ``job_id`` in the counts of its documents and ingests by (succeeded, failed),
-    each -1, 0 or +1; ``reason``: the job's failure (the new one, or the one it leaves). Returns the
+           reason: str | None = None, review: int = 0) -> list[str]:
+    """Move every page of ``job_id`` in the counts of its documents and ingests by (succeeded, failed, needing
+    review), each -1, 0 or +1; ``reason``: the job's failure (the new one, or the one it leaves). Returns the
     documents whose outputs this made due: those whose last page just became final, and finished ones whose
     pages changed."""
     per_doc = (select(_PAGES.c.document_id, func.count().label("n")).where(_PAGES.c.job_id == job_id)
@@ -274,6 +283,7 @@ def rollup(s: Session, job_id: str, *, succeeded: int, failed: int, now: datetim
         update(_DOCUMENTS).where(d.id == per_doc.c.document_id)
         .values(pages_succeeded=d.pages_succeeded + succeeded * per_doc.c.n,
                 pages_failed=d.pages_failed + failed * per_doc.c.n,
+                pages_review=d.pages_review + review * per_doc.c.n,
                 finished_at=case((done_after, func.coalesce(d.finished_at, now)), else_=None),
                 **outputs_due(done_after))
         .returning(d.id, d.outputs)).all()
@@ -281,7 +291,8 @@ def rollup(s: Session, job_id: str, *, succeeded: int, failed: int, now: datetim
                   .group_by(_PAGES.c.ingest_id).subquery())
     i = _INGESTS.c
     values: dict[str, Any] = dict(pages_succeeded=i.pages_succeeded + succeeded * per_ingest.c.n,
-                                  pages_failed=i.pages_failed + failed * per_ingest.c.n)
+                                  pages_failed=i.pages_failed + failed * per_ingest.c.n,
+                                  pages_review=i.pages_review + review * per_ingest.c.n)
     if succeeded + failed > 0:
         values.update(first_done_at=func.coalesce(i.first_done_at, now), last_done_at=now)
     values["finished_at"] = _finished_at(i.pages_succeeded + i.pages_failed + (succeeded + failed) * per_ingest.c.n,
@@ -412,6 +423,44 @@ def document_pages(db: Database, document_id: str) -> list[tuple[PageRow, JobRow
 def get_document(db: Database, document_id: str) -> DocumentRow:
     with db.session() as s:
         return get_row(s, DocumentRow, document_id, DocumentNotFound)
+
+
+@dataclass(frozen=True)
+class ReviewPage:
+    """A succeeded page whose result a person should look at, and why."""
+
+    page_id: str
+    document_id: str
+    source: str
+    page_no: int
+    job_id: str
+    flags: list[str]
+    confidence: float | None
+    engine: str | None
+    annotated: bool
+
+
+def review_pages(db: Database, ingest_id: str, *, tenant_id: str | None = None, limit: int = 1000,
+                 after: tuple[str, int] | None = None) -> list[ReviewPage]:
+    """The ingest's pages needing review, by document source and page number, at most ``limit`` of them (from the
+    partial index on such jobs); ``after``: the (source, page number) the previous list ended with. Raises
+    IngestNotFound (also for another tenant's ingest, when ``tenant_id`` is given)."""
+    j, p, d = _JOBS.c, _PAGES.c, _DOCUMENTS.c
+    with db.session() as s:
+        found = s.execute(_of_tenant(select(IngestRow.id).where(IngestRow.id == ingest_id), tenant_id)).one_or_none()
+        if found is None:
+            raise IngestNotFound(ingest_id)
+        query = (select(p.id, p.document_id, d.source, p.page_no, j.id, j.review_flags, j.confidence, j.engine,
+                        j.annotated_key)
+                 .select_from(_JOBS.join(_PAGES, p.job_id == j.id).join(_DOCUMENTS, d.id == p.document_id))
+                 .where(j.needs_review, j.status == JobStatus.SUCCEEDED.value, p.ingest_id == ingest_id)
+                 .order_by(d.source, p.page_no).limit(limit))
+        if after is not None:
+            query = query.where((d.source > after[0]) | ((d.source == after[0]) & (p.page_no > after[1])))
+        rows = s.execute(query).all()
+    return [ReviewPage(page_id, document_id, source, page_no, job_id, flags.split(",") if flags else [], confidence,
+                       engine, annotated is not None)
+            for page_id, document_id, source, page_no, job_id, flags, confidence, engine, annotated in rows]
 
 
 def next_seq(db: Database, ingest_id: str) -> int:

@@ -28,12 +28,15 @@ def requeue(db: Database, job_id: str, *, upload_s: float | None = None) -> None
     """Put a finished job back in the queue (resubmission of a failed page, or --force); its pages
     leave the counts they were in."""
     with db.session() as s:
-        was, error = s.execute(select(JobRow.status, JobRow.error).where(JobRow.id == job_id).with_for_update()).one()
+        was, error, review = s.execute(select(JobRow.status, JobRow.error, JobRow.needs_review)
+                                       .where(JobRow.id == job_id).with_for_update()).one()
         if was in (JobStatus.SUCCEEDED.value, JobStatus.FAILED.value):
             ingests.rollup(s, job_id, succeeded=-(was == JobStatus.SUCCEEDED.value),
-                           failed=-(was == JobStatus.FAILED.value), now=utcnow(), reason=error)
+                           failed=-(was == JobStatus.FAILED.value), now=utcnow(), reason=error,
+                           review=-int(was == JobStatus.SUCCEEDED.value and bool(review)))
         s.execute(update(JobRow).where(JobRow.id == job_id).values(
-            status=JobStatus.QUEUED.value, error=None, error_stage=None, attempts=0,
+            status=JobStatus.QUEUED.value, error=None, error_stage=None, attempts=0, needs_review=False,
+            review_flags=None, confidence=None,
             started_at=None, finished_at=None, created_at=utcnow(), enqueued_at=None, upload_s=upload_s,
             queue_wait_s=None, preprocess_s=None, inference_s=None, postprocess_s=None, store_s=None))
 
@@ -141,10 +144,13 @@ _FAILED = update(_JOBS).where(_JOBS.c.id == bindparam("job"), _IN_STATES).values
     finished_at=bindparam("finished"), **_TIMES)
 _SUCCEEDED = update(_JOBS).where(_JOBS.c.id == bindparam("job"), _IN_STATES).values(
     status=JobStatus.SUCCEEDED.value, error=None, error_stage=None, engine=bindparam("engine"),
-    result_key=bindparam("result"), annotated_key=bindparam("annotated"), finished_at=bindparam("finished"), **_TIMES)
+    result_key=bindparam("result"), annotated_key=bindparam("annotated"), finished_at=bindparam("finished"),
+    needs_review=bindparam("review"), review_flags=bindparam("flags"), confidence=bindparam("confidence"), **_TIMES)
 _LIVE = [JobStatus.QUEUED.value, JobStatus.RUNNING.value]
 _ERROR_IF_FAILED = select(func.coalesce(_JOBS.c.error, "unknown")).where(
     _JOBS.c.id == bindparam("job"), _JOBS.c.status == JobStatus.FAILED.value).with_for_update()
+_REVIEW_IF_SUCCEEDED = select(_JOBS.c.needs_review).where(
+    _JOBS.c.id == bindparam("job"), _JOBS.c.status == JobStatus.SUCCEEDED.value).with_for_update()
 
 
 def _upsert(stmt: postgresql.Insert | sqlite.Insert) -> postgresql.Insert | sqlite.Insert:
@@ -183,17 +189,23 @@ def finish_succeeded(db: Database, job: JobRow, result: PageResult, *, engine: s
         job_id=job.id, content_sha256=job.content_sha256, task=result.task.value, engine=engine,
         line_count=len(result.lines), mean_confidence=sum(confidences) / len(confidences) if confidences else None,
         text=result.text, result_key=result_key, annotated_key=annotated_key, created_at=now)
+    quality = result.quality
+    review = bool(quality and quality.needs_review)
     params = {"job": job.id, "engine": engine, "result": result_key, "annotated": annotated_key,
-              "finished": now, **_timing_values(timings)}
+              "finished": now, "review": review, "flags": ",".join(f.value for f in quality.flags) if quality else None,
+              "confidence": quality.confidence if quality else None, **_timing_values(timings)}
     finished: list[str] = []
     with db.session() as s:
         if s.execute(_SUCCEEDED, {**params, "from": _LIVE}).rowcount:
-            finished = ingests.rollup(s, job.id, succeeded=1, failed=0, now=now)
+            finished = ingests.rollup(s, job.id, succeeded=1, failed=0, now=now, review=int(review))
         elif (error := s.scalar(_ERROR_IF_FAILED, {"job": job.id})) is not None:
             s.execute(_SUCCEEDED, {**params, "from": [JobStatus.FAILED.value]})
-            finished = ingests.rollup(s, job.id, succeeded=1, failed=-1, now=now, reason=error)
-        else:  # done before: this result replaces that one
+            finished = ingests.rollup(s, job.id, succeeded=1, failed=-1, now=now, reason=error, review=int(review))
+        else:  # done before: this result replaces that one (and its grade, in the counts too)
+            before = bool(s.scalar(_REVIEW_IF_SUCCEEDED, {"job": job.id}))
             s.execute(_SUCCEEDED, {**params, "from": [JobStatus.SUCCEEDED.value]})
+            if before != review:
+                ingests.rollup(s, job.id, succeeded=0, failed=0, now=now, review=int(review) - int(before))
         s.execute(_UPSERT_RESULT[db.engine.dialect.name], row)
     return finished
 

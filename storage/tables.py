@@ -19,7 +19,20 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, func
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    false,
+    func,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -38,6 +51,7 @@ class JobRow(Base):
         Index("ix_jobs_unpublished", "id", postgresql_where="status = 'queued' AND enqueued_at IS NULL",
               sqlite_where="status = 'queued' AND enqueued_at IS NULL"),
         Index("ix_jobs_failed", "id", postgresql_where="status = 'failed'", sqlite_where="status = 'failed'"),
+        Index("ix_jobs_review", "id", postgresql_where="needs_review", sqlite_where="needs_review"),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
@@ -73,6 +87,11 @@ class JobRow(Base):
     # lease ran out (its worker died or hung) goes back to its lane (storage.leases).
     worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
     lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    # A succeeded job's quality grade (PageResult.quality): whether a person should look at it, why (its flags,
+    # comma-separated), and its confidence.
+    needs_review: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    review_flags: Mapped[str | None] = mapped_column(Text, nullable=True)
+    confidence: Mapped[float | None] = mapped_column(Float, nullable=True)
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
     )
@@ -115,6 +134,7 @@ class IngestRow(Base):
     pages_total: Mapped[int] = mapped_column(Integer, default=0)
     pages_succeeded: Mapped[int] = mapped_column(Integer, default=0)
     pages_failed: Mapped[int] = mapped_column(Integer, default=0)
+    pages_review: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # succeeded, needing review
     skipped: Mapped[int] = mapped_column(Integer, default=0)  # files in folders/archives that hold no pages
     created_at: Mapped[datetime] = mapped_column(_TS, server_default=func.now())
     registered_at: Mapped[datetime | None] = mapped_column(_TS, nullable=True)  # every document registered
@@ -148,6 +168,7 @@ class DocumentRow(Base):
     pages_total: Mapped[int] = mapped_column(Integer, default=0)
     pages_succeeded: Mapped[int] = mapped_column(Integer, default=0)
     pages_failed: Mapped[int] = mapped_column(Integer, default=0)
+    pages_review: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # succeeded, needing review
     json_key: Mapped[str | None] = mapped_column(Text, nullable=True)
     markdown_key: Mapped[str | None] = mapped_column(Text, nullable=True)
     pdf_key: Mapped[str | None] = mapped_column(Text, nullable=True)

@@ -10,6 +10,7 @@ from typing import Any
 
 from paperlane.schemas import PageResult
 from paperlane.status import JobStatus, OutputsState, PageState, Progress, RollupState
+from paperlane.storage.ingests import ReviewPage
 from paperlane.storage.tables import DocumentRow, IngestRow, JobRow
 
 
@@ -22,6 +23,7 @@ def ingest_view(row: IngestRow, p: Progress, failures: list[tuple[str, int]]) ->
     return {
         "ingest_id": row.id, "name": row.name, "lane": row.lane, "task": row.task, "status": state.value,
         "error": row.error, "documents": row.documents_total, "skipped": row.skipped, "pages": p.total, **p.counts(),
+        "needs_review": row.pages_review,
         "pages_per_s": round(p.pages_per_s, 2) if p.pages_per_s else None,
         "eta_s": round(p.eta_s, 1) if p.eta_s is not None else None,
         "failures": _failures(failures), "created_at": _iso(row.created_at), "finished_at": _iso(row.finished_at),
@@ -33,6 +35,7 @@ def document_view(row: DocumentRow, p: Progress, failures: list[tuple[str, int]]
     return {
         "document_id": row.id, "ingest_id": row.ingest_id, "name": row.name, "source": row.source,
         "status": p.state().value, "error": row.error, "pages": p.total, **p.counts(),
+        "needs_review": row.pages_review,
         "failures": _failures(failures), "outputs": outputs_view(row),
         "created_at": _iso(row.created_at), "finished_at": _iso(row.finished_at),
     }
@@ -81,3 +84,10 @@ def _failures(failures: list[tuple[str, int]]) -> list[dict[str, Any]]:
 
 def _iso(at: datetime | None) -> str | None:
     return at.isoformat() if at else None
+
+
+def review_view(page: ReviewPage) -> dict[str, Any]:
+    """A page needing review: where it is, why (its quality flags), its confidence and the engine that read it."""
+    return {"page_id": page.page_id, "document_id": page.document_id, "source": page.source, "page_no": page.page_no,
+            "job_id": page.job_id, "flags": page.flags, "confidence": page.confidence, "engine": page.engine,
+            "annotated_url": f"/v1/pages/{page.page_id}/annotated" if page.annotated else None}

@@ -17,14 +17,15 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import bindparam, text
 
 from paperlane.models.engine import EngineOutput, EngineRequest, Outcome
 from paperlane.models.vllm_server import VllmServerEngine
 from paperlane.priority.lanes import Lane
 from paperlane.schemas import QualityFlag, Task, TaskSpec
 from paperlane.settings import EngineSettings, LoopGuardSettings
-from paperlane.workers.preprocess import prepare
-from tests.pages import render_page, sample_lines
+from tests.conftest import cli
+from tests.pages import prepare, render_page, sample_lines
 from tests.services import free_port
 from tests.sim_engine import SimEngine, start_sim_engine
 from tests.sim_shape import Behaviour
@@ -207,6 +208,18 @@ def test_through_a_worker_a_looping_page_is_one_attempt_and_its_engine_calls_are
     assert 'paperlane_pages_graded_total{needs_review="false"}' in metrics
     abandoned = float(metrics.split('paperlane_engine_tokens_total{outcome="abandoned"} ')[1].split()[0])
     assert abandoned == sum(r["usage"]["abandoned_tokens"] for r in results.values())
+    # The fallback pages, and only they, need review: counted on the ingest, listed with why, in SQL too.
+    fallbacks = sorted(job_id for job_id, r in results.items() if r["quality"]["needs_review"])
+    with producer.db.session() as s:
+        ingest_id = s.execute(text("SELECT DISTINCT ingest_id FROM pages WHERE job_id IN :ids")
+                              .bindparams(bindparam("ids", expanding=True)), {"ids": list(ids)}).scalar_one()
+        queue = s.execute(text("SELECT job_id, flags FROM review_queue WHERE ingest_id = :i"), {"i": ingest_id}).all()
+    assert sorted(job_id for job_id, _ in queue) == fallbacks and {f for _, f in queue} == {"retried,fallback"}
+    status = json.loads(cli(stack, "status", "--json", "--ingest", ingest_id).stdout)
+    assert status["needs_review"] == len(fallbacks)
+    listed = json.loads(cli(stack, "review", "--json", "--ingest", ingest_id).stdout)
+    assert sorted(p["job_id"] for p in listed) == fallbacks
+    assert all(p["flags"] == ["retried", "fallback"] and p["engine"].startswith("rapidocr") for p in listed)
 
 
 def test_a_kept_answer_keeps_its_grade_and_engine(redis_service) -> None:  # noqa: ANN001

@@ -271,11 +271,6 @@ def target_size(width: int, height: int, spec: InputSpec) -> tuple[int, int]:
     return w, h
 
 
-def prepare(data: bytes, spec: InputSpec, limits: Limits = Limits()) -> PreparedImage:
-    """Bytes of an original page -> the engine's input. Raises InputError for unreadable pages."""
-    return prepare_page(data, spec, limits).image
-
-
 def prepare_page(data: bytes, spec: InputSpec, limits: Limits = Limits(), *, page: int = 1,
                  preview_side: int = 0) -> PreparedPage:
     """Page ``page`` of an original -> the engine's input and, when ``preview_side``, a grey preview.

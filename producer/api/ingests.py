@@ -10,6 +10,8 @@ and is closed with what it registered.
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import logging
 import threading
 import uuid
@@ -67,6 +69,32 @@ async def get_ingest(ingest_id: str, svc: ServiceDep, who: CallerDep,
     def read() -> dict[str, Any]:
         return views.ingest_view(*ingests.ingest_progress(svc.db, ingest_id, tenant_id=who.tenant_id))
     return public(await wait_for_change(svc, who, read, wait))
+
+
+@router.get("/{ingest_id}/review")
+def get_review(ingest_id: str, svc: ServiceDep, who: CallerDep,
+               limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+               cursor: Annotated[str | None, Query(max_length=2000)] = None) -> dict[str, Any]:
+    """The ingest's pages whose results need a person's eyes, with why (their quality flags) and their confidence,
+    by document and page; ``cursor``: the ``next`` of the previous answer."""
+    pages = ingests.review_pages(svc.db, ingest_id, tenant_id=who.tenant_id, limit=limit, after=_after(cursor))
+    last = pages[-1] if len(pages) == limit else None
+    return {"ingest_id": ingest_id, "pages": [views.review_view(p) for p in pages],
+            "next": _cursor(last.source, last.page_no) if last else None}
+
+
+def _cursor(source: str, page_no: int) -> str:
+    return base64.urlsafe_b64encode(json.dumps([source, page_no]).encode()).decode()
+
+
+def _after(cursor: str | None) -> tuple[str, int] | None:
+    if cursor is None:
+        return None
+    try:
+        source, page_no = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+        return str(source), int(page_no)
+    except (ValueError, TypeError) as exc:
+        raise ApiError(422, "invalid_request", "cursor: not one this API gave") from exc
 
 
 def _sources(req: IngestRequest, svc: Service, who: Caller) -> list[str]:

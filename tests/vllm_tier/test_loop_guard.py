@@ -20,8 +20,7 @@ from paperlane.models.engine import EngineOutput, EngineRequest
 from paperlane.models.factory import build_engine
 from paperlane.schemas import QualityFlag, Task, TaskSpec
 from paperlane.settings import EngineSettings, LoopGuardSettings
-from paperlane.workers.preprocess import prepare
-from tests.pages import render_page, sample_lines
+from tests.pages import prepare, render_page, sample_lines
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

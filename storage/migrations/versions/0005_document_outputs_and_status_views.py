@@ -49,7 +49,10 @@ def upgrade() -> None:
     _create_views(op.get_bind().dialect.name)
 
 
-def _create_views(dialect: str) -> None:
+def _create_views(dialect: str, *, review: bool = False) -> None:
+    """The three status views; ``review``: with the counts of pages needing review (the columns 0009 adds)."""
+    doc_review = "d.pages_review, " if review else ""
+    ingest_review = "i.pages_review, " if review else ""
     op.execute(f"""
         CREATE VIEW page_status AS
         SELECT p.id AS page_id, p.document_id, p.ingest_id, p.page_no, d.source, p.job_id,
@@ -64,11 +67,12 @@ def _create_views(dialect: str) -> None:
     op.execute(f"""
         CREATE VIEW document_status AS
         SELECT document_id, ingest_id, source, name, error, pages_total, pages_succeeded, pages_failed, pages_running,
+               {"pages_review, " if review else ""}
                {rollup_sql(total='pages_total', succeeded='pages_succeeded', failed='pages_failed',
                            running='pages_running')} AS status,
                outputs, outputs_error, json_key, markdown_key, pdf_key, created_at, finished_at
         FROM (SELECT d.id AS document_id, d.ingest_id, d.source, d.name, d.error, d.pages_total, d.pages_succeeded,
-                     d.pages_failed, d.outputs, d.outputs_error, d.json_key, d.markdown_key, d.pdf_key,
+                     d.pages_failed, {doc_review}d.outputs, d.outputs_error, d.json_key, d.markdown_key, d.pdf_key,
                      d.created_at, d.finished_at,
                      (SELECT count(*) FROM pages p JOIN jobs j ON j.id = p.job_id
                       WHERE p.document_id = d.id AND j.status = {_RUNNING}) AS pages_running
@@ -84,14 +88,15 @@ def _create_views(dialect: str) -> None:
     op.execute(f"""
         CREATE VIEW ingest_status AS
         SELECT ingest_id, name, lane, task, documents_total, pages_total, pages_succeeded, pages_failed,
-               pages_running, pages_total - pages_succeeded - pages_failed AS pages_not_done,
+               pages_running, {"pages_review, " if review else ""}
+               pages_total - pages_succeeded - pages_failed AS pages_not_done,
                {rollup_sql(total='pages_total', succeeded='pages_succeeded', failed='pages_failed',
                            running='pages_running', registered='registered')} AS status,
                skipped, {rate} AS pages_per_s,
                (pages_total - pages_succeeded - pages_failed) / NULLIF({rate}, 0) AS eta_s,
                registered, created_at, first_done_at, last_done_at, finished_at
         FROM (SELECT i.id AS ingest_id, i.name, i.lane, i.task, i.documents_total, i.pages_total, i.pages_succeeded,
-                     i.pages_failed, i.skipped, i.registered_at IS NOT NULL AS registered, i.created_at,
+                     i.pages_failed, {ingest_review}i.skipped, i.registered_at IS NOT NULL AS registered, i.created_at,
                      i.first_done_at, i.last_done_at, i.finished_at,
                      (SELECT count(*) FROM jobs j JOIN pages p ON p.job_id = j.id
                       WHERE j.status = {_RUNNING} AND p.ingest_id = i.id) AS pages_running
