@@ -151,7 +151,7 @@ class WorkerSettings(BaseModel):
 
 
 class LayoutSettings(BaseModel):
-    """How lines are grouped into blocks and put in reading order (``paperlane.workers.layout``).
+    """How lines are grouped into blocks and put in reading order (``paperlane.layout``).
 
     Distances are in median line heights of the page, so they hold at any resolution.
     """
@@ -160,6 +160,14 @@ class LayoutSettings(BaseModel):
     min_column_width: float = Field(8.0, ge=0, description="the narrowest column of running text; narrower strips "
                                     "(a receipt's prices, a form's labels) stay in row order with their neighbours")
     min_column_lines: int = Field(2, ge=1, description="the fewest lines a column of running text has")
+    column_fill: float = Field(0.6, gt=0, le=1, description="a column of running text: its median line spans at "
+                               "least this share of its width once it is cut into its own columns (a strip of a "
+                               "form's labels and values side by side does not, and is read in rows)")
+    table_pitch: float = Field(2.2, gt=0, description="two strips whose lines pair up row by row (a form's labels "
+                               "and values) are one table read in rows when the rows of both are at least this "
+                               "far apart; columns of running text, even row-aligned, are denser")
+    table_pairs: float = Field(0.8, gt=0, le=1, description="strips pair up row by row when at least this share "
+                               "of the shorter one's lines share a row with a line of the other")
     paragraph_gap: float = Field(0.9, gt=0, description="a blank gap at least this tall starts a new block")
     margin_band: float = Field(0.08, ge=0, le=0.5, description="share of the page height at the top (bottom) where "
                                "a short block of small lines above (below) everything else is a header (footer)")
