@@ -40,6 +40,7 @@ their characters' widths (wide CJK characters count double), marked ``estimated`
 
 from __future__ import annotations
 
+import re
 import statistics
 import unicodedata
 from collections.abc import Iterable, Sequence
@@ -86,11 +87,17 @@ def is_rtl(texts: Iterable[str]) -> bool:
     """Whether most strongly directional characters of ``texts`` are right-to-left (Hebrew, Arabic)."""
     rtl = ltr = 0
     for text in texts:
+        if text.isascii():  # no right-to-left character; its left-to-right ones are its letters
+            ltr += len(_ASCII_LETTERS.findall(text))
+            continue
         for ch in text:
             kind = unicodedata.bidirectional(ch)
             rtl += kind in ("R", "AL")
             ltr += kind == "L"
     return rtl > ltr
+
+
+_ASCII_LETTERS = re.compile("[A-Za-z]")
 
 
 def _usable(quad: Sequence[Point] | None) -> bool:
