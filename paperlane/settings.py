@@ -199,6 +199,10 @@ class ApiSettings(BaseModel):
     max_pages_in_flight: int = Field(2000, ge=1, description="pages per API key not yet final (429 past it)")
     max_wait: float = Field(60.0, ge=0, description="longest ?wait= a status request may hold")
     url_expiry: int = Field(300, ge=1, description="seconds a presigned image URL stays valid")
+    max_build_pages: int = Field(200, ge=0, description="the most pages of a document whose ALTO, PAGE XML, hOCR "
+                                 "or METS the API builds on request when the workers did not write it (it reads "
+                                 "each page's result from the object store, then a few ms of CPU a page); larger "
+                                 "documents answer 404 not_written (write them: worker.output_formats)")
     webhook_attempts: int = Field(6, ge=1, description="deliveries of one webhook before it is given up")
     webhook_backoff: float = Field(2.0, ge=0, description="seconds before the first webhook retry; doubles")
     webhook_timeout: float = Field(10.0, gt=0, description="seconds one webhook delivery may take")

@@ -101,8 +101,9 @@ def page_bytes(fmt: OutputFormat, page: PageResult | PageView, *, name: str, pag
 
 
 def document_bytes(fmt: OutputFormat, pages: Sequence[PageResult | PageView], *, document_id: str, name: str,
-                   ext: str = "", files: Mapping[int, PageFiles] | None = None) -> bytes:
-    """A document as one ALTO, one hOCR or its METS (``files``: each page's, default ``default_files``).
+                   ext: str = "", stem: str | None = None, files: Mapping[int, PageFiles] | None = None) -> bytes:
+    """A document as one ALTO, one hOCR or its METS (``files``: each page's, default ``default_files`` with the
+    page files named after ``stem``, default ``name``).
 
     Raises UsageError for PAGE XML (one page a file: write each page's and the METS) and other formats.
     """
@@ -113,7 +114,7 @@ def document_bytes(fmt: OutputFormat, pages: Sequence[PageResult | PageView], *,
         return document_hocr(pages, image_names={n: image_href(name, ext, n, len(numbers)) for n in numbers})
     if fmt is OutputFormat.METS:
         return document_mets(pages, document_id=document_id, name=name,
-                             files=files if files is not None else default_files(name, ext, numbers))
+                             files=files if files is not None else default_files(name, ext, numbers, stem=stem))
     raise UsageError(f"{fmt.value} has no whole-document archive form (alto, hocr, mets); PAGE XML holds one "
                      "page a file")
 
@@ -148,8 +149,7 @@ def archive_files(formats: Collection[OutputFormat], pages: Sequence[PageResult 
             files[(OutputFormat.PAGE, page)] = page_bytes(OutputFormat.PAGE, view, name=name, ext=ext,
                                                           page_count=count, created=(created or {}).get(view.number))
     if OutputFormat.METS in formats:
-        listed = default_files(name, ext, [v.number for v in views], stem=stem)
         files[(OutputFormat.METS, None)] = document_bytes(OutputFormat.METS, views, document_id=document_id,
-                                                          name=name, ext=ext, files=listed)
+                                                          name=name, ext=ext, stem=stem)
     return files
 
