@@ -7,8 +7,8 @@ writes any whose writer died or whose failed try is due again (``write_due``); `
 each document ends. They are built from what is stored (each page's result JSON and the document's original),
 so whoever writes them builds the same objects (PAGE XML's time is when its page was finished). Each page's
 result is its job's, told which document and page it is (a job shared by several documents carries the first
-one's source). Each file goes to ``objects.document_key``'s key; the formats written are recorded with them (a
-searchable PDF that could not be made is left out, and the reason logged).
+one's source). Each file is stored under the document's key for its format and page, and the formats written are
+recorded with the outputs' state (a searchable PDF that could not be made is left out, and the reason logged).
 """
 
 from __future__ import annotations
