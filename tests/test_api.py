@@ -122,8 +122,8 @@ def _archive_formats(api: ApiProcess, auth: dict[str, str], document_id: str, pa
                      first_word: str) -> None:
     """The formats the workers wrote (ALTO, METS: with it the page's ALTO and PAGE XML) come from the store; hOCR,
     which they did not write, is built on request, as is each format of the page alone: the same bytes."""
-    assert stack.keys(f"documents/{document_id}") == sorted(
-        f"documents/{document_id}{suffix}" for suffix in (".json", ".md", ".pdf", ".alto.xml", ".page.xml", ".mets.xml"))
+    suffixes = (".json", ".md", ".pdf", ".alto.xml", ".page.xml", ".mets.xml")
+    assert stack.keys(f"documents/{document_id}") == sorted(f"documents/{document_id}{s}" for s in suffixes)
     view = httpx.get(f"{api.url}/v1/documents/{document_id}", headers=auth).json()
     assert view["outputs"]["formats"] == ["json", "md", "pdf", "alto", "mets"]
 

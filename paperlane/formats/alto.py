@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
-from functools import lru_cache
 
 from lxml import etree
 
-from paperlane.formats.view import BlockView, Box, LineView, PageView, as_view, points, producer
+from paperlane.formats.view import BlockView, Box, LineView, PageView, as_view, confidence_text, points, producer
 from paperlane.schemas import BlockKind, EngineInfo, PageResult
 
 NS = "http://www.loc.gov/standards/alto/ns-v4#"
@@ -127,7 +126,7 @@ def _page(xf: etree.xmlfile, view: PageView, *, processing: str) -> None:
     attrs |= size
     attrs["PROCESSINGREFS"] = processing
     if view.confidence is not None:
-        attrs["PC"] = _conf(view.confidence)
+        attrs["PC"] = confidence_text(view.confidence)
     detail = [view.note] if view.note else []
     if view.needs_review:
         detail.append("needs review" + (f": {', '.join(view.flags)}" if view.flags else ""))
@@ -136,12 +135,6 @@ def _page(xf: etree.xmlfile, view: PageView, *, processing: str) -> None:
     with xf.element(_q("Page"), attrs), xf.element(_q("PrintSpace"), {"HPOS": "0", "VPOS": "0", **size}):
         for b, block in enumerate(view.blocks, 1):
             _block(xf, block, f"P{view.number}_B{b}", rtl=view.rtl)
-
-
-@lru_cache(maxsize=4096)
-def _conf(value: float) -> str:
-    """A confidence as ALTO's ``WC`` and ``PC`` take it (0-1); remembered: a line's words share theirs."""
-    return f"{min(max(value, 0.0), 1.0):.4g}"
 
 
 def _boxed(attrs: dict[str, str], box: Box) -> dict[str, str]:
@@ -189,7 +182,7 @@ def _line(xf: etree.xmlfile, line: LineView, line_id: str) -> None:
             word_attrs = {"ID": f"{line_id}_W{w}", "CONTENT": word.text, "HPOS": str(left), "VPOS": str(top),
                           "WIDTH": str(right - left), "HEIGHT": str(bottom - top)}
             if word.confidence is not None:
-                word_attrs["WC"] = _conf(word.confidence)
+                word_attrs["WC"] = confidence_text(word.confidence)
             if word.estimated:
                 word_attrs["TAGREFS"] = "ESTIMATED"
             with element(_STRING, word_attrs):

@@ -18,11 +18,10 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from functools import lru_cache
 
 from lxml import etree
 
-from paperlane.formats.view import BlockView, LineView, PageView, as_view, points, producer
+from paperlane.formats.view import BlockView, LineView, PageView, as_view, confidence_text, points, producer
 from paperlane.schemas import BlockKind, PageResult, Point
 
 NS = "http://schema.primaresearch.org/PAGE/gts/pagecontent/2019-07-15"
@@ -49,7 +48,7 @@ def page_xml(page: PageResult | PageView, *, image_name: str, created: datetime 
     if view.rtl:
         attrs["readingDirection"] = "right-to-left"
     if view.confidence is not None:
-        attrs["conf"] = _conf(view.confidence)
+        attrs["conf"] = confidence_text(view.confidence)
     out = io.BytesIO()
     with etree.xmlfile(out, encoding="UTF-8") as xf:
         xf.write_declaration()
@@ -74,12 +73,6 @@ def _reading_order(xf: etree.xmlfile, view: PageView) -> None:
 def _text(xf: etree.xmlfile, tag: str, text: str) -> None:
     with xf.element(tag):
         xf.write(text)
-
-
-@lru_cache(maxsize=4096)
-def _conf(value: float) -> str:
-    """A confidence as PAGE's ``conf`` takes it (0-1); remembered: a line's words share theirs."""
-    return f"{min(max(value, 0.0), 1.0):.4g}"
 
 
 def _metadata(xf: etree.xmlfile, view: PageView, created: datetime) -> None:
@@ -134,12 +127,12 @@ def _line(xf: etree.xmlfile, line: LineView, line_id: str) -> None:
             with element(_WORD, {"id": word_id, "custom": _ESTIMATED} if word.estimated else {"id": word_id}):
                 with element(_COORDS, {"points": points(word.quad)}):
                     pass
-                with element(_TEXT_EQUIV, {"conf": _conf(word.confidence)} if word.confidence is not None else {}):
-                    with element(_UNICODE):
-                        write(word.text)
+                conf = {"conf": confidence_text(word.confidence)} if word.confidence is not None else {}
+                with element(_TEXT_EQUIV, conf), element(_UNICODE):
+                    write(word.text)
         _equiv(xf, line.text, line.confidence)
 
 
 def _equiv(xf: etree.xmlfile, text: str, confidence: float | None) -> None:
-    with xf.element(_TEXT_EQUIV, {"conf": _conf(confidence)} if confidence is not None else {}):
+    with xf.element(_TEXT_EQUIV, {"conf": confidence_text(confidence)} if confidence is not None else {}):
         _text(xf, _UNICODE, text)

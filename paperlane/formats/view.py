@@ -23,6 +23,7 @@ import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from paperlane.layout import box_quad, estimate_words, is_rtl, order_lines, quad_box
@@ -265,6 +266,13 @@ def pixel_box(quad: Sequence[Point]) -> Box:
         x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
     left, top = max(0, int(x0)), max(0, int(y0))
     return left, top, max(left, round(x1)), max(top, round(y1))
+
+
+@lru_cache(maxsize=4096)
+def confidence_text(value: float) -> str:
+    """A confidence (0-1) as ALTO's ``WC`` and ``PC`` and PAGE's ``conf`` take it; remembered: a line's words
+    share theirs."""
+    return f"{min(max(value, 0.0), 1.0):.4g}"
 
 
 _POINTS4 = "%.0f,%.0f %.0f,%.0f %.0f,%.0f %.0f,%.0f"
