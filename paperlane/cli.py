@@ -342,7 +342,8 @@ def _print_progress(v: dict[str, Any]) -> None:
                  "submit again)[/]" if v[PageState.UNPUBLISHED.value] else ""))
     if v.get("outputs") and v["outputs"]["state"]:
         failed = f" ({escape(v['outputs']['error'])})" if v["outputs"]["error"] else ""
-        out.print(f"  outputs {v['outputs']['state']}{failed}", highlight=False)
+        formats = f": {', '.join(v['outputs']['formats'])}" if v["outputs"].get("formats") else ""
+        out.print(f"  outputs {v['outputs']['state']}{formats}{failed}", highlight=False)
     if v.get("pages_per_s"):
         eta = f", about {_duration(v['eta_s'])} left" if v["eta_s"] and not state.final else ""
         out.print(f"  {v['pages_per_s']:.1f} pages/s{eta}")

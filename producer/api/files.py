@@ -70,7 +70,9 @@ def _built(svc: Service, row: DocumentRow, fmt: OutputFormat, page: int | None) 
                        f"({svc.settings.api.max_build_pages}: api.max_build_pages)")
     if fmt is OutputFormat.PAGE:
         number = page or 1
-        job = next(j for p, j in ingests.document_pages(svc.db, row.id) if p.page_no == number)
+        job = next((j for p, j in ingests.document_pages(svc.db, row.id) if p.page_no == number), None)
+        if job is None:
+            raise ApiError(404, "not_found", f"the document has no page {number}")
         result = page_result(svc.store, job, source=row.source, page_no=number)
         return page_bytes(fmt, result, name=row.name, ext=row.ext, page_count=row.pages_total,
                           created=as_utc(job.finished_at))
