@@ -20,7 +20,7 @@ from rich.table import Table
 from paperlane.errors import PaperlaneError, UsageError
 from paperlane.priority.lanes import Lane
 from paperlane.schemas import PageResult, Task, TaskSpec
-from paperlane.settings import EngineKind, EngineSettings, Settings, load_settings
+from paperlane.settings import EngineKind, EngineSettings, Settings, WorkerSettings, load_settings
 from paperlane.status import JobStatus, PageState, RollupState
 
 if TYPE_CHECKING:
@@ -86,6 +86,17 @@ def _settings(engine: EngineKind | None = None, engine_url: str | None = None, m
         raise UsageError(_first_error(exc)) from exc
 
 
+def _with_formats(settings: Settings, formats: str | None) -> Settings:
+    """``settings`` writing documents in ``formats`` (comma-separated) when given."""
+    if formats is None:
+        return settings
+    try:
+        worker = WorkerSettings.model_validate({**settings.worker.model_dump(), "output_formats": formats})
+    except ValueError as exc:
+        raise UsageError(f"--formats: {_first_error(exc)}") from exc
+    return settings.model_copy(update={"worker": worker})
+
+
 def _first_error(exc: ValueError) -> str:
     errors = getattr(exc, "errors", None)
     if callable(errors):
@@ -104,19 +115,22 @@ def _spec(task: Task, fields: list[str] | None, to: str) -> TaskSpec:
 @app.command()
 def run(
     paths: Annotated[list[Path], typer.Argument(help="images, PDFs, TIFFs, folders, zip/tar archives")],
-    out_dir: Annotated[Path, typer.Option("--out", "-o", help="where <name>.json, <name>.annotated.jpg, "
-                                          "<doc>.md and <doc>.pdf go")],
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="where each page's <name>.json and "
+                                          "<name>.annotated.jpg and each document's outputs go")],
     task: TaskOpt = Task.SPOTTING, field: FieldOpt = None, to: LangOpt = "English",
     lane: LaneOpt = Lane.BATCH, force: ForceOpt = False,
     engine: EngineOpt = None, engine_url: EngineUrlOpt = None, model: ModelOpt = None, profile: ProfileOpt = None,
+    formats: Annotated[str | None, typer.Option("--formats", help="each document's outputs, comma-separated: json, "
+                                                "md, pdf, alto, page, hocr, mets (default: worker.output_formats, "
+                                                "json,md,pdf)")] = None,
 ) -> None:
     """Process documents in this process (no Redis needed): per page a JSON and an annotated image,
-    per document its markdown, a searchable PDF and (several pages) the document's JSON."""
+    per document its outputs (by default its markdown, a searchable PDF and, several pages, its JSON)."""
     from paperlane.producer.inputs import check_paths, expand
     from paperlane.workers.embedded import run_embedded
     from paperlane.workers.pipeline import Runtime
 
-    settings = _settings(engine, engine_url, model, profile)
+    settings = _with_formats(_settings(engine, engine_url, model, profile), formats)
     spec = _spec(task, field, to)
     check_paths(paths)  # usage errors before the engine loads
     _check_out_dir(out_dir)
@@ -343,7 +357,8 @@ def _print_progress(v: dict[str, Any]) -> None:
         out.print(f"  [yellow]needs review {v['needs_review']}[/]{hint}", highlight=False)
     if v.get("outputs") and v["outputs"]["state"]:
         failed = f" ({_shown(v['outputs']['error'])})" if v["outputs"]["error"] else ""
-        out.print(f"  outputs {v['outputs']['state']}{failed}", highlight=False)
+        formats = f": {', '.join(v['outputs']['formats'])}" if v["outputs"].get("formats") else ""
+        out.print(f"  outputs {v['outputs']['state']}{formats}{failed}", highlight=False)
     if v.get("pages_per_s"):
         eta = f", about {_duration(v['eta_s'])} left" if v["eta_s"] and not state.final else ""
         out.print(f"  {v['pages_per_s']:.1f} pages/s{eta}")

@@ -16,10 +16,17 @@ the page's median line height:
    starts a new paragraph down there is read after its neighbour. Several runs: each is ordered again
    from step 1, top to bottom.
 2. One run splits at its gutters into columns, read left to right (right to left on a right-to-left
-   page), when every column is *running text*: at least ``min_column_width`` wide and
-   ``min_column_lines`` lines; each column is ordered again from step 1. A narrower strip (a receipt's
-   prices, a form's labels) is no column: those lines stay in row order with their neighbours, as a
-   reader reads a table row.
+   page), when every column is *running text* and no two neighbours are one table:
+   - a column is at least ``min_column_width`` wide and has ``min_column_lines`` lines, and once it is
+     cut into its own runs and columns (steps 1-2 again), most of its lines are in parts whose median
+     line spans ``column_fill`` of the part's width. A narrower strip (a receipt's prices) or a part
+     holding a form's labels and values side by side is no column: those lines stay in row order with
+     their neighbours, as a reader reads a table row;
+   - two neighbouring strips are one table (a form's labels and their values) when their lines pair up
+     row by row (``table_pairs`` of the shorter strip's lines share a row with the other's) and both
+     strips' rows are at least ``table_pitch`` apart: columns of running text, even with their lines
+     on the same baselines, are denser.
+   Each column is ordered again from step 1.
 3. A single column's lines are read in rows (top to bottom; left to right within a row, or right to
    left) and cut into blocks where a blank gap is at least ``paragraph_gap`` tall.
 
@@ -33,10 +40,11 @@ their characters' widths (wide CJK characters count double), marked ``estimated`
 
 from __future__ import annotations
 
+import re
 import statistics
 import unicodedata
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from paperlane.schemas import Block, BlockKind, Line, Point, Word
 from paperlane.settings import LayoutSettings
@@ -79,11 +87,17 @@ def is_rtl(texts: Iterable[str]) -> bool:
     """Whether most strongly directional characters of ``texts`` are right-to-left (Hebrew, Arabic)."""
     rtl = ltr = 0
     for text in texts:
+        if text.isascii():  # no right-to-left character; its left-to-right ones are its letters
+            ltr += len(_ASCII_LETTERS.findall(text))
+            continue
         for ch in text:
             kind = unicodedata.bidirectional(ch)
             rtl += kind in ("R", "AL")
             ltr += kind == "L"
     return rtl > ltr
+
+
+_ASCII_LETTERS = re.compile("[A-Za-z]")
 
 
 def _usable(quad: Sequence[Point] | None) -> bool:
@@ -100,27 +114,38 @@ class _Cutter:
     unit: float  # the median line height: every distance is a multiple of it
     settings: LayoutSettings
     rtl: bool
+    _leaves_of: dict[tuple[int, ...], list[list[int]]] = field(default_factory=dict)  # each set's cut, once
 
     def order(self, idx: list[int]) -> list[list[int]]:
         """The blocks of ``idx`` in reading order, each its lines in reading order."""
-        runs = self._runs(idx)
-        if len(runs) > 1:
-            return [block for run in runs for block in self.order(run)]
-        columns = self._columns(idx)
-        if columns is None:
-            return self._paragraphs(idx)
-        return [block for column in columns for block in self.order(column)]
+        return [block for leaf in self._leaves(idx) for block in self._paragraphs(leaf)]
+
+    def _leaves(self, idx: list[int]) -> list[list[int]]:
+        """``idx`` cut into runs and columns, again and again, down to the parts read in rows; in reading order.
+        Deciding whether a part is a column cuts it too, so each set of lines is cut once and remembered."""
+        key = tuple(sorted(idx))
+        if key not in self._leaves_of:
+            runs = self._runs(idx)
+            columns = self._columns(idx) if len(runs) == 1 else runs
+            self._leaves_of[key] = ([idx] if columns is None
+                                    else [leaf for part in columns for leaf in self._leaves(part)])
+        return self._leaves_of[key]
 
     def _gutters(self, idx: Sequence[int]) -> list[float]:
         """Where blank vertical strips at least ``min_gutter`` wide run through all of ``idx`` (their middles)."""
-        spans = sorted((self.boxes[i][0], self.boxes[i][2]) for i in idx)
+        cover = self._cover([(self.boxes[i][0], self.boxes[i][2]) for i in idx])
+        return [(a[1] + b[0]) / 2 for a, b in zip(cover, cover[1:])]
+
+    def _cover(self, spans: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+        """The horizontal extents of ``spans`` joined where they are less than a gutter apart, left to right."""
         gap = self.settings.min_gutter * self.unit
-        cuts, reach = [], spans[0][1]
-        for x0, x1 in spans[1:]:
-            if x0 - reach >= gap:
-                cuts.append((reach + x0) / 2)
-            reach = max(reach, x1)
-        return cuts
+        cover: list[tuple[float, float]] = []
+        for x0, x1 in sorted(spans):
+            if cover and x0 - cover[-1][1] < gap:
+                cover[-1] = (cover[-1][0], max(cover[-1][1], x1))
+            else:
+                cover.append((x0, x1))
+        return cover
 
     def _columns(self, idx: list[int]) -> list[list[int]] | None:
         """``idx`` cut at its gutters into columns of running text in reading order, or None."""
@@ -131,7 +156,8 @@ class _Cutter:
             parts: list[list[int]] = [[] for _ in range(len(chosen) + 1)]
             for i in idx:
                 parts[sum(self.boxes[i][0] > cut for cut in chosen)].append(i)
-            if all(self._is_column(part) for part in parts):
+            if all(self._is_column(part) for part in parts) and not any(
+                    self._table_rows(a, b) for a, b in zip(parts, parts[1:])):
                 return parts[::-1] if self.rtl else parts
         return None
 
@@ -146,9 +172,46 @@ class _Cutter:
         return [max(cuts, key=room)]
 
     def _is_column(self, part: list[int]) -> bool:
+        """Whether ``part`` is a column of running text: wide enough, lines enough, and most of its lines in
+        parts (once it is cut into its own runs and columns) that read as running text."""
         x0, _, x1, _ = _union([self.boxes[i] for i in part])
-        return (len(part) >= self.settings.min_column_lines
-                and x1 - x0 >= self.settings.min_column_width * self.unit)
+        if len(part) < self.settings.min_column_lines or x1 - x0 < self.settings.min_column_width * self.unit:
+            return False
+        running = sum(len(leaf) for leaf in self._leaves(part) if self._running(leaf))
+        return 2 * running > len(part)
+
+    def _running(self, leaf: list[int]) -> bool:
+        """Whether the lines of a part read in rows are running text: their median line spans at least
+        ``column_fill`` of the part's width (a strip of a form's labels and values side by side does not)."""
+        if len(leaf) < 2:
+            return True
+        x0, _, x1, _ = _union([self.boxes[i] for i in leaf])
+        widths = [self.boxes[i][2] - self.boxes[i][0] for i in leaf]
+        return statistics.median(widths) >= self.settings.column_fill * (x1 - x0)
+
+    def _table_rows(self, a: list[int], b: list[int]) -> bool:
+        """Whether two neighbouring strips are one table read in rows: their lines pair up row by row (at least
+        ``table_pairs`` of the shorter strip's lines share a row with a line of the other), and both strips'
+        rows are at least ``table_pitch`` apart (running text in columns, even row-aligned, is denser)."""
+        pitch = self.settings.table_pitch * self.unit
+        if self._pitch(a) < pitch or self._pitch(b) < pitch:
+            return False
+        side = {i: 0 for i in a} | {i: 1 for i in b}
+        paired = [0, 0]
+        for row in self._rows(a + b):
+            sides = {side[i] for i in row}
+            if len(sides) == 2:
+                for i in row:
+                    paired[side[i]] += 1
+        shorter = 0 if len(a) <= len(b) else 1
+        return paired[shorter] >= self.settings.table_pairs * min(len(a), len(b))
+
+    def _pitch(self, part: list[int]) -> float:
+        """The median distance between the tops of consecutive rows of ``part`` (infinite for one row)."""
+        tops = [min(self.boxes[i][1] for i in row) for row in self._rows(part)]
+        if len(tops) < 2:
+            return float("inf")
+        return statistics.median(b - a for a, b in zip(tops, tops[1:]))
 
     def _bands(self, idx: list[int]) -> list[list[int]]:
         """``idx`` cut wherever no line spans a horizontal gap, top to bottom."""
@@ -165,20 +228,21 @@ class _Cutter:
     def _runs(self, idx: list[int]) -> list[list[int]]:
         """Consecutive bands merged while a gutter runs through them all (or while none has one)."""
         runs: list[list[int]] = []
-        split = False  # whether the current run has a gutter
+        cover: list[tuple[float, float]] = []  # the current run's extents: several when it has a gutter
         for band in self._bands(idx):
+            own = self._cover([(self.boxes[i][0], self.boxes[i][2]) for i in band])
             if runs:
-                merged = runs[-1] + band
+                merged = self._cover(cover + own)
                 # A band that starts a paragraph's gap below the end of every column is no column's
                 # continuation: a footnote or a closing paragraph under the columns.
-                gutter = bool(self._gutters(band))
+                split, gutter = len(cover) > 1, len(own) > 1
                 below = (split and not gutter
                          and self._top(band) - self._bottom(runs[-1]) >= self.settings.paragraph_gap * self.unit)
-                if not below and (self._gutters(merged) or (not split and not gutter)):
-                    runs[-1], split = merged, bool(self._gutters(merged))
+                if not below and (len(merged) > 1 or (not split and not gutter)):
+                    runs[-1], cover = runs[-1] + band, merged
                     continue
             runs.append(band)
-            split = bool(self._gutters(band))
+            cover = own
         return runs
 
     def _top(self, idx: list[int]) -> float:

@@ -45,7 +45,7 @@ STAGES: tuple[Stage, ...] = tuple(Stage)
 
 
 class OutputFormat(str, Enum):
-    """What a page or document can be written as (``paperlane.workers.formats`` builds each)."""
+    """What a page or document can be written as."""
 
     JSON = "json"  # the result itself
     MD = "md"  # the text or markdown in reading order
@@ -89,7 +89,7 @@ class Word(BaseModel):
 
     ``quad`` is clockwise from the top-left corner, in pixels of the ORIGINAL page image.
     ``estimated``: the engine gave the line's box only, and this one was laid out along it by
-    character widths (``paperlane.workers.layout.estimate_words``).
+    character widths.
     """
 
     text: str

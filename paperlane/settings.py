@@ -205,7 +205,7 @@ class WorkerSettings(BaseModel):
 
 
 class LayoutSettings(BaseModel):
-    """How lines are grouped into blocks and put in reading order (``paperlane.workers.layout``).
+    """How lines are grouped into blocks and put in reading order (``paperlane.layout``).
 
     Distances are in median line heights of the page, so they hold at any resolution.
     """
@@ -214,6 +214,14 @@ class LayoutSettings(BaseModel):
     min_column_width: float = Field(8.0, ge=0, description="the narrowest column of running text; narrower strips "
                                     "(a receipt's prices, a form's labels) stay in row order with their neighbours")
     min_column_lines: int = Field(2, ge=1, description="the fewest lines a column of running text has")
+    column_fill: float = Field(0.6, gt=0, le=1, description="a column of running text: its median line spans at "
+                               "least this share of its width once it is cut into its own columns (a strip of a "
+                               "form's labels and values side by side does not, and is read in rows)")
+    table_pitch: float = Field(2.2, gt=0, description="two strips whose lines pair up row by row (a form's labels "
+                               "and values) are one table read in rows when the rows of both are at least this "
+                               "far apart; columns of running text, even row-aligned, are denser")
+    table_pairs: float = Field(0.8, gt=0, le=1, description="strips pair up row by row when at least this share "
+                               "of the shorter one's lines share a row with a line of the other")
     paragraph_gap: float = Field(0.9, gt=0, description="a blank gap at least this tall starts a new block")
     margin_band: float = Field(0.08, ge=0, le=0.5, description="share of the page height at the top (bottom) where "
                                "a short block of small lines above (below) everything else is a header (footer)")
@@ -271,6 +279,10 @@ class ApiSettings(BaseModel):
     register_threads: int = Field(8, ge=1, description="threads that register uploads (uploads past them wait)")
     ingest_threads: int = Field(4, ge=1, description="S3 ingests registered at once (one per tenant; others wait)")
     url_expiry: int = Field(300, ge=1, description="seconds a presigned image URL stays valid")
+    max_build_pages: int = Field(200, ge=0, description="the most pages of a document whose ALTO, PAGE XML, hOCR "
+                                 "or METS the API builds on request when the workers did not write it (it reads "
+                                 "each page's result from the object store, then a few ms of CPU a page); larger "
+                                 "documents answer 404 not_written (write them: worker.output_formats)")
     webhook_attempts: int = Field(6, ge=1, description="deliveries of one webhook before it is given up")
     webhook_backoff: float = Field(2.0, ge=0, description="seconds before the first webhook retry; doubles")
     webhook_timeout: float = Field(10.0, gt=0, description="seconds one webhook delivery may take in all: the "

@@ -10,12 +10,18 @@ layout of the bucket is in one place:
                                               byte range of it, read with a ranged GET
     results/<job_id>.json                     one per job: a rewrite replaces it
     annotated/<job_id>.<jpg|webp|png>         the worker's annotated_format decides
+    documents/<document_id><suffix>           a finished document's outputs, one a format: .json, .md, .pdf,
+                                              .alto.xml, .hocr, .mets.xml; a page's of a document of several
+    documents/<document_id>-p<N><suffix>      pages (PAGE XML, and the ALTO and PAGE XML its METS lists), as
+                                              paperlane.formats.file_name names files
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from paperlane.formats import file_name
+from paperlane.schemas import OutputFormat
 from paperlane.settings import ImageFormat, Settings, StorageBackend
 
 
@@ -60,10 +66,10 @@ def split_range(key: str) -> tuple[str, tuple[int, int] | None]:
     return base, (int(start), int(end))
 
 
-def document_keys(document_id: str) -> tuple[str, str, str]:
-    """Where a document's outputs go: its JSON, markdown and searchable PDF."""
-    base = f"documents/{document_id}"
-    return f"{base}.json", f"{base}.md", f"{base}.pdf"
+def document_key(document_id: str, fmt: OutputFormat, page: int | None = None, page_count: int = 1) -> str:
+    """Where a document's output in ``fmt`` goes: the document's file (``page`` None, or its only page), or
+    page ``page``'s file of a document of ``page_count`` pages."""
+    return "documents/" + file_name(document_id, fmt, page, page_count)
 
 
 def result_key(job_id: str) -> str:

@@ -10,14 +10,17 @@ of the retry policy: due again after its backoff, or ``failed`` with the reason 
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import ColumnElement, Table, or_, select, update
 
 from paperlane.retry import Action, RetryPolicy
+from paperlane.schemas import OutputFormat
 from paperlane.status import OutputsState
 from paperlane.storage.db import Database
+from paperlane.storage.objects import document_key
 from paperlane.storage.tables import DocumentRow
 
 _DOCUMENTS: Table = DocumentRow.__table__  # type: ignore[assignment]
@@ -62,16 +65,31 @@ def claim_due(db: Database, *, now: datetime, hold: float, limit: int = 10) -> l
     return [Claim(doc_id, until, int(attempts)) for doc_id, attempts in rows]
 
 
-def written(db: Database, held: Claim, *, json_key: str, markdown_key: str, pdf_key: str | None) -> bool:
-    """Record the outputs as written where ``held`` says; False when the claim was lost meanwhile (its writes
-    stand, and the outputs are written again by whoever holds them now)."""
+def written(db: Database, held: Claim, *, formats: Collection[OutputFormat]) -> bool:
+    """Record the outputs as written in ``formats`` (at ``objects.document_key``'s keys) where ``held`` says;
+    False when the claim was lost meanwhile (its writes stand, and the outputs are written again by whoever holds
+    them now)."""
     d = _DOCUMENTS.c
+    key = {fmt: document_key(held.document_id, fmt) if fmt in formats else None
+           for fmt in (OutputFormat.JSON, OutputFormat.MD, OutputFormat.PDF)}
     with db.session() as s:
         done = s.execute(update(_DOCUMENTS).where(d.id == held.document_id, d.outputs == _PENDING,
                                                   d.outputs_claimed_until == held.until)
                          .values(outputs=OutputsState.WRITTEN.value, outputs_claimed_until=None, outputs_error=None,
-                                 json_key=json_key, markdown_key=markdown_key, pdf_key=pdf_key))
+                                 output_formats=[fmt.value for fmt in OutputFormat if fmt in formats],
+                                 json_key=key[OutputFormat.JSON], markdown_key=key[OutputFormat.MD],
+                                 pdf_key=key[OutputFormat.PDF]))
     return bool(done.rowcount)
+
+
+def written_formats(row: DocumentRow) -> list[OutputFormat]:
+    """The formats the document's outputs were written in (none until they are), in ``OutputFormat``'s order."""
+    if row.outputs != OutputsState.WRITTEN.value:
+        return []
+    if row.output_formats is not None:
+        return [fmt for fmt in OutputFormat if fmt.value in row.output_formats]
+    keys = {OutputFormat.JSON: row.json_key, OutputFormat.MD: row.markdown_key, OutputFormat.PDF: row.pdf_key}
+    return [fmt for fmt, key in keys.items() if key]  # written before the formats were recorded
 
 
 def failed_try(db: Database, held: Claim, error: BaseException, *, policy: RetryPolicy, now: datetime) -> OutputsState:

@@ -1,14 +1,18 @@
-"""A page's result as stored: its job's result JSON, told which document and page it is."""
+"""A page's result as stored: its job's result JSON, told which document and page it is; a document's pages'."""
 
 from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
+from datetime import datetime
 
 from paperlane.errors import PaperlaneError
 from paperlane.schemas import JobStatus, PageResult, Task
+from paperlane.storage import ingests
+from paperlane.storage.db import Database, as_utc
 from paperlane.storage.objects import ObjectStore
-from paperlane.storage.tables import JobRow
+from paperlane.storage.tables import DocumentRow, JobRow
 
 log = logging.getLogger(__name__)
 
@@ -27,3 +31,21 @@ def page_result(store: ObjectStore, job: JobRow, *, source: str, page_no: int) -
         result = PageResult(job_id=job.id, source=source, page=page_no, status=JobStatus.FAILED,
                             error=error, task=Task(job.task))
     return result.model_copy(update={"source": source, "page": page_no})
+
+
+@dataclass(frozen=True)
+class DocumentResults:
+    document: DocumentRow
+    pages: list[PageResult]  # in page order, each told its document and page
+    finished: dict[int, datetime]  # page number -> when its job became final (a page not final has none)
+
+
+def document_results(db: Database, store: ObjectStore, document_id: str) -> DocumentResults:
+    """The document and its pages' results (one read of each page's stored result). Raises DocumentNotFound."""
+    document = ingests.get_document(db, document_id)
+    pages, finished = [], {}
+    for page, job in ingests.document_pages(db, document_id):
+        pages.append(page_result(store, job, source=document.source, page_no=page.page_no))
+        if (at := as_utc(job.finished_at)) is not None:
+            finished[page.page_no] = at
+    return DocumentResults(document, pages, finished)

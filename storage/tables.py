@@ -181,6 +181,10 @@ class DocumentRow(Base):
     outputs_attempts: Mapped[int] = mapped_column(Integer, default=0)
     outputs_claimed_until: Mapped[datetime | None] = mapped_column(_TS, nullable=True)
     outputs_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # The formats its outputs were written in (OutputFormat values; each file's key follows from the id, the format
+    # and the page), set when they are; None for outputs written before it existed (json_key, markdown_key and
+    # pdf_key say which).
+    output_formats: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
 
 
 class PageRow(Base):

@@ -8,9 +8,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from paperlane.schemas import PageResult
+from paperlane.schemas import OutputFormat, PageResult
 from paperlane.status import JobStatus, OutputsState, PageState, Progress, RollupState
 from paperlane.storage.ingests import ReviewPage
+from paperlane.storage.outputs import written_formats
 from paperlane.storage.tables import DocumentRow, IngestRow, JobRow
 
 
@@ -43,9 +44,11 @@ def document_view(row: DocumentRow, p: Progress, failures: list[tuple[str, int]]
 
 def outputs_view(row: DocumentRow) -> dict[str, Any]:
     """The document's outputs: ``state`` (pending, written, failed; None until its last page is final), which
-    of them exist, and why the last try failed."""
-    return {"state": OutputsState(row.outputs).value if row.outputs else None, "json": bool(row.json_key),
-            "markdown": bool(row.markdown_key), "pdf": bool(row.pdf_key), "error": row.outputs_error}
+    of them exist (``formats``: every format written), and why the last try failed."""
+    formats = written_formats(row)
+    return {"state": OutputsState(row.outputs).value if row.outputs else None, "json": OutputFormat.JSON in formats,
+            "markdown": OutputFormat.MD in formats, "pdf": OutputFormat.PDF in formats,
+            "formats": [fmt.value for fmt in formats], "error": row.outputs_error}
 
 
 def page_state(job: JobRow) -> PageState:

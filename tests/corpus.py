@@ -110,15 +110,16 @@ def funsd_pages(root: Path, *, limit: int | None = None) -> list[TruthPage]:
 SETS = {"sroie": sroie_pages, "funsd": funsd_pages}
 
 
-def run_paperlane(images: Sequence[Path], workdir: Path, *,
-                  timeout: float = 3600) -> dict[str, dict[str, Any]]:
-    """Run ``paperlane run`` on ``images`` with cwd ``workdir``; the page JSON per image stem.
+def run_paperlane(images: Sequence[Path], workdir: Path, *, timeout: float = 3600,
+                  args: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+    """Run ``paperlane run`` (with ``args``) on ``images`` with cwd ``workdir``, into ``workdir/out``; the page
+    JSON per image stem.
 
     A page without output comes back as a failed result carrying the tail of the command's stderr.
     """
     out = workdir / "out"
     # exit status 1 only means some page failed; each page's JSON says which
-    proc = subprocess.run([*PAPERLANE, "run", *map(str, images), "--out", str(out)], cwd=workdir,
+    proc = subprocess.run([*PAPERLANE, "run", *map(str, images), "--out", str(out), *args], cwd=workdir,
                           capture_output=True, text=True, timeout=timeout, check=False)
     error = f"no output (rc={proc.returncode}): {proc.stderr[-2000:]}"
     missing = {"status": "missing", "error": error, "text": "", "lines": []}

@@ -16,7 +16,7 @@ from paperlane.producer.webhooks import verify
 from paperlane.storage import webhooks
 from paperlane.storage.db import Database
 from tests.api_server import HOOKS, ApiProcess, Receiver, create_key, receiver_settings, sse_events
-from tests.conftest import cli, until
+from tests.conftest import Stack, cli, until
 from tests.pages import render_page, sample_lines
 from tests.scoring import cer
 
@@ -55,7 +55,7 @@ def _wait_document(api: ApiProcess, key: str, document_id: str) -> dict:
 
 
 def test_upload_wait_result_pages_and_tenants(stack_factory, worker_factory, api_factory, tmp_path: Path) -> None:
-    stack = stack_factory(**API_SETTINGS)
+    stack = stack_factory(**API_SETTINGS, WORKER__OUTPUT_FORMATS="json,md,pdf,alto,mets")
     worker_factory(stack)
     api = api_factory(stack)
     key, _ = create_key(stack, "acme", interactive=True)
@@ -88,6 +88,7 @@ def test_upload_wait_result_pages_and_tenants(stack_factory, worker_factory, api
     assert page_view["status"] == "succeeded" and page_view["result"]["source"] == "upload/receipt.png"
     image = httpx.get(f"{api.url}{page_view['annotated_url']}", headers=auth)
     assert image.headers["content-type"] == "image/jpeg" and image.content[:3] == b"\xff\xd8\xff"
+    _archive_formats(api, auth, document_id, page["page_id"], stack, first_word=lines[0].split()[0])
 
     # Another tenant's ids are unknown ids; so are made-up ones.
     theirs = {"Authorization": f"Bearer {other}"}
@@ -102,6 +103,43 @@ def test_upload_wait_result_pages_and_tenants(stack_factory, worker_factory, api
 
     metrics = httpx.get(f"{api.url}/metrics").text
     assert 'paperlane_api_requests_total{method="POST",route="/v1/documents",status="202"}' in metrics
+
+
+def _archive_formats(api: ApiProcess, auth: dict[str, str], document_id: str, page_id: str, stack: Stack, *,
+                     first_word: str) -> None:
+    """The formats the workers wrote (ALTO, METS: with it the page's ALTO and PAGE XML) come from the store; hOCR,
+    which they did not write, is built on request, as is each format of the page alone: the same bytes."""
+    suffixes = (".json", ".md", ".pdf", ".alto.xml", ".page.xml", ".mets.xml")
+    assert stack.keys(f"documents/{document_id}") == sorted(f"documents/{document_id}{s}" for s in suffixes)
+    view = httpx.get(f"{api.url}/v1/documents/{document_id}", headers=auth).json()
+    assert view["outputs"]["formats"] == ["json", "md", "pdf", "alto", "mets"]
+
+    def get(path: str, **params: str | int) -> httpx.Response:
+        return httpx.get(f"{api.url}{path}", params=params, headers=auth, timeout=30)
+
+    result = f"/v1/documents/{document_id}/result"
+    for fmt in ("alto", "page", "hocr"):
+        stored_or_built, alone = get(result, format=fmt), get(f"/v1/pages/{page_id}", format=fmt)
+        assert stored_or_built.status_code == 200 and stored_or_built.content == alone.content, fmt
+        assert first_word in stored_or_built.text
+    assert get(result, format="alto").headers["content-disposition"] == 'inline; filename="receipt.alto.xml"'
+    assert get(result, format="hocr").headers["content-type"].startswith("application/xhtml+xml")
+    assert f'xlink:href="{document_id}.alto.xml"' in get(result, format="mets").text
+    _error(get(result, format="page", page=2), 404, "not_found")  # it has one page
+    _error(get(result, format="alto", page=1), 422, "invalid_request")
+    _error(get(result, format="docx"), 422, "invalid_request")
+    _error(get(f"/v1/pages/{page_id}", format="mets"), 422, "invalid_request")
+
+    # An API that builds nothing on request still serves what the workers wrote.
+    strict = ApiProcess(stack.config, stack.root / "api-strict.log",
+                        env={**stack.env(), "PAPERLANE_API__MAX_BUILD_PAGES": "0"}).wait_ready()
+    try:
+        assert httpx.get(f"{strict.url}{result}", params={"format": "alto"}, headers=auth).status_code == 200
+        message = _error(httpx.get(f"{strict.url}{result}", params={"format": "hocr"}, headers=auth), 404,
+                         "not_written")
+        assert "api.max_build_pages" in message
+    finally:
+        strict.stop()
 
 
 def test_requests_refused_under_attack(stack_factory, api_factory, tmp_path: Path) -> None:

@@ -80,6 +80,8 @@ def test_usage_errors_exit_2(embedded: Stack, tmp_path: Path) -> None:
     assert cli(embedded, "run", str(tmp_path / "missing.png"), "--out", str(tmp_path)).returncode == 2
     assert cli(embedded, "run", "--no-such-option").returncode == 2
     assert cli(embedded, "run", str(tmp_path), "--out", str(tmp_path), "--task", "fields").returncode == 2
+    unknown = cli(embedded, "run", str(tmp_path), "--out", str(tmp_path), "--formats", "json,docx")
+    assert unknown.returncode == 2 and "--formats" in unknown.stderr and "alto" in unknown.stderr
 
 
 def test_run_writes_document_outputs_and_shares_a_repeated_page(embedded: Stack, tmp_path: Path) -> None:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import json
 import os
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -285,9 +287,19 @@ def _hocr_consumer_words(hocr: bytes, tmp: Path) -> list[str]:
         pdf.close()
 
 
+ALL_FORMATS = "json,md,pdf,alto,page,hocr,mets"
+
+
+@dataclass(frozen=True)
+class RunOutput:
+    out: Path  # the run's OUT folder
+    results: dict[str, PageResult]  # each single-page document's page result, by its key
+
+
 @pytest.fixture(scope="module")
-def real_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, PageResult]:
-    """``paperlane run`` on a receipt, a two-column page, an EXIF-rotated scan and a scanned PDF page."""
+def real_run(tmp_path_factory: pytest.TempPathFactory) -> RunOutput:
+    """``paperlane run --formats`` (every format) on a receipt, a two-column page, an EXIF-rotated scan, a scanned
+    PDF page, and a three-page TIFF whose second page fails (over the worker's pixel limit)."""
     root = tmp_path_factory.mktemp("formats")
     src = root / "in"
     src.mkdir()
@@ -300,29 +312,91 @@ def real_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, PageResu
     buf = io.BytesIO()
     scan.save(buf, format="PDF", resolution=150)
     (src / "scanned.pdf").write_bytes(buf.getvalue())
-    results = run_paperlane(sorted(src.iterdir()), root, timeout=600)
+    frames = [Image.open(io.BytesIO(render_page(sample_lines(n, 2)))).convert("L") for n in (11, 12)]
+    buf = io.BytesIO()
+    too_large = Image.new("1", (12_300, 12_300), 1)  # 151 MP, over worker.max_image_pixels: refused unread
+    frames[0].save(buf, format="TIFF", save_all=True, compression="tiff_deflate", append_images=[too_large, frames[1]])
+    (src / "gapped.tif").write_bytes(buf.getvalue())
+    results = run_paperlane(sorted(src.iterdir()), root, timeout=600, args=["--formats", ALL_FORMATS])
     names = {"receipt": "receipt", "columns": "columns", "rotated": "rotated", "pdf": "scanned"}
-    return {key: PageResult.model_validate(results[stem]) for key, stem in names.items()}
+    return RunOutput(root / "out", {key: PageResult.model_validate(results[stem]) for key, stem in names.items()})
+
+
+def _check_files(out: Path, stem: str, result: PageResult, schemas: dict[str, Any]) -> None:
+    """The run's files of a one-page document: every archive format valid, read back equal to the result's
+    text, and its METS pointing at its ALTO and PAGE XML beside it."""
+    alto, page, hocr, mets = (out / file_name(stem, fmt) for fmt in (OutputFormat.ALTO, OutputFormat.PAGE,
+                                                                      OutputFormat.HOCR, OutputFormat.METS))
+    _valid(schemas["alto"], alto.read_bytes())
+    _valid(schemas["page"], page.read_bytes())
+    _valid(schemas["mets"], mets.read_bytes())
+    expected = _folded(result.text)
+    assert _folded(_alto_text(alto.read_bytes())[0]) == expected
+    assert _folded(_page_text(page.read_bytes())) == expected
+    assert _folded(_hocr_text(hocr.read_bytes())[0]) == expected
+    hrefs = [f.get("{http://www.w3.org/1999/xlink}href") for f in etree.fromstring(mets.read_bytes()).iter(
+        f"{METS_NS}FLocat")]
+    assert hrefs[1:] == [alto.name, page.name] and all((out / href).exists() for href in hrefs[1:])
+
+
+@pytest.fixture(scope="module")
+def schemas(alto_schema: Any, page_schema: Any, mets_schema: Any) -> dict[str, Any]:
+    return {"alto": alto_schema, "page": page_schema, "mets": mets_schema}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["receipt", "columns", "rotated", "pdf"])
-def test_real_pages_are_valid_read_back_and_their_hocr_makes_a_searchable_pdf(
-        name: str, real_results: dict[str, PageResult], alto_schema: Any, page_schema: Any, tmp_path: Path) -> None:
-    result = real_results[name]
+def test_run_writes_every_format_valid_read_back_and_its_hocr_makes_a_searchable_pdf(
+        name: str, real_run: RunOutput, schemas: dict[str, Any], tmp_path: Path) -> None:
+    result = real_run.results[name]
     assert result.status is JobStatus.SUCCEEDED and result.lines and result.blocks
     assert all(ln.words and not any(w.estimated for w in ln.words) for ln in result.lines)  # RapidOCR's boxes
-    made = _check_page(result, alto_schema, page_schema)
-    assert _hocr_consumer_words(made[OutputFormat.HOCR], tmp_path) == result.text.split()
+    stem = Path(result.source).stem
+    _check_files(real_run.out, stem, result, schemas)
+    assert _hocr_consumer_words((real_run.out / f"{stem}.hocr").read_bytes(), tmp_path) == result.text.split()
+    assert {p.name for p in real_run.out.glob(f"{stem}.*")} == {
+        f"{stem}{suffix}" for suffix in (".json", ".annotated.jpg", ".md", ".pdf", ".alto.xml", ".page.xml",
+                                         ".hocr", ".mets.xml")}
 
 
 @pytest.mark.slow
-def test_a_real_two_column_page_reads_column_by_column(real_results: dict[str, PageResult]) -> None:
+def test_run_keeps_a_failed_pages_place_in_every_format(real_run: RunOutput, schemas: dict[str, Any]) -> None:
+    out = real_run.out
+    pages = [PageResult.model_validate_json((out / f"gapped-p{n}.json").read_text()) for n in (1, 2, 3)]
+    assert [p.status for p in pages] == [JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.SUCCEEDED]
+    texts = [_folded(p.text) for p in pages]
+    assert texts[1] == "" and texts[0] and texts[2]
+    alto = (out / "gapped.alto.xml").read_bytes()
+    _valid(schemas["alto"], alto)
+    assert [_folded(t) for t in _alto_text(alto)] == texts
+    assert etree.fromstring(alto).findall(f".//{ALTO_NS}Page")[1].get("QUALITY_DETAIL").startswith("page 2 failed")
+    assert [_folded(t) for t in _hocr_text((out / "gapped.hocr").read_bytes())] == texts
+    for n in (1, 2, 3):  # each page's own files, which the METS lists
+        _valid(schemas["page"], (out / f"gapped-p{n}.page.xml").read_bytes())
+        assert _folded(_page_text((out / f"gapped-p{n}.page.xml").read_bytes())) == texts[n - 1]
+        assert [_folded(t) for t in _alto_text((out / f"gapped-p{n}.alto.xml").read_bytes())] == [texts[n - 1]]
+    assert "page 2 failed" in etree.fromstring((out / "gapped-p2.page.xml").read_bytes()).findtext(
+        f".//{PAGE_NS}Comments")
+    mets = etree.fromstring((out / "gapped.mets.xml").read_bytes())
+    _valid(schemas["mets"], (out / "gapped.mets.xml").read_bytes())
+    divs = list(mets.iter(f"{METS_NS}div"))[1:]
+    assert [d.get("ORDER") for d in divs] == ["1", "2", "3"] and divs[1].get("LABEL").startswith("page 2 failed")
+    pdf = pdfium.PdfDocument((out / "gapped.pdf").read_bytes())
+    try:
+        assert len(pdf) == 3 and "page 2 failed" in pdf[1].get_textpage().get_text_range()
+    finally:
+        pdf.close()
+    assert "page 2 failed" in (out / "gapped.md").read_text()
+    assert json.loads((out / "gapped.json").read_text())["failed_pages"] == [2]
+
+
+@pytest.mark.slow
+def test_a_real_two_column_page_reads_column_by_column(real_run: RunOutput) -> None:
     _, truth = render_columns(2, seed=5, rows=8)
     from tests.scoring import cer
 
-    assert cer(real_results["columns"].text, truth) < 0.05
-    assert len(real_results["columns"].blocks) >= 4  # title, two paragraphs in each column, footnote
+    assert cer(real_run.results["columns"].text, truth) < 0.05
+    assert len(real_run.results["columns"].blocks) >= 4  # title, two paragraphs in each column, footnote
 
 
 # -- the corpus ------------------------------------------------------------------------------------------

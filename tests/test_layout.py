@@ -83,16 +83,36 @@ def test_a_receipt_with_a_price_column_stays_in_rows() -> None:
     assert _read([*items, *total], height=800) == _rows([*items, *total])
 
 
-def test_a_form_of_label_and_value_rows_stays_in_rows_until_its_columns_are_running_text() -> None:
+def test_a_form_whose_halves_mix_labels_and_values_reads_in_rows() -> None:
+    # Two halves apart by a wide gutter, each wider than a column and holding a label and its value per row (as
+    # FUNSD's forms): the halves are no columns of running text (their lines fill less than half their width).
+    lefts = [(70, 160), (110, 120), (90, 190), (60, 140), (120, 180), (80, 150)]  # (label width, value width)
+    rights = [(100, 90), (60, 130), (130, 110), (90, 70), (70, 150), (110, 120)]
+    rows = []
+    for k, ((lw, vw), (rw, ww)) in enumerate(zip(lefts, rights)):
+        y = 100 + k * 1.5 * LINE_H
+        rows += [Line(text=f"L-label{k}", quad=_quad(50, y, lw)), Line(text=f"L-value{k}", quad=_quad(200, y, vw)),
+                 Line(text=f"R-label{k}", quad=_quad(560, y, rw)), Line(text=f"R-value{k}", quad=_quad(720, y, ww))]
+
+    assert _read(rows) == _rows(rows)
+    # Were lines that fill a tenth of a column running text, the halves would be read one after the other.
+    assert _read(rows, settings=LayoutSettings(column_fill=0.1))[:3] == ["L-label0", "L-value0", "L-label1"]
+
+
+def test_label_and_value_strips_that_pair_up_row_by_row_are_one_table_read_in_rows() -> None:
     rows = []
     for k in range(6):
         y = 100 + k * 3 * LINE_H  # sparse rows
-        rows.append(Line(text=f"label{k}", quad=_quad(50, y, 120)))
-        rows.append(Line(text=f"value{k}", quad=_quad(300, y, 120)))
+        rows.append(Line(text=f"label{k}", quad=_quad(50, y, 200 + 10 * (k % 3))))  # strips wide enough for columns
+        rows.append(Line(text=f"value{k}", quad=_quad(330, y, 220 - 15 * (k % 2))))
     assert _read(rows) == _rows(rows)
-    # The same boxes read as two columns once columns this narrow count as running text: the check decides.
-    loose = LayoutSettings(min_column_width=5)
+    # The same strips read as two columns when rows this far apart still count as running text: the pitch decides.
+    loose = LayoutSettings(table_pitch=5)
     assert _read(rows, settings=loose) == [f"label{k}" for k in range(6)] + [f"value{k}" for k in range(6)]
+    # ... and when the strips' lines do not share rows (each value half a row below a label): the pairing decides.
+    shifted = [ln.model_copy(update={"quad": _quad(330, ln.quad[0][1] + 1.5 * LINE_H, 200)})  # type: ignore[index]
+               if ln.text.startswith("value") else ln for ln in rows]
+    assert _read(shifted) == [f"label{k}" for k in range(6)] + [f"value{k}" for k in range(6)]
 
 
 def test_header_and_footer_are_marked_and_a_title_is_not_a_header() -> None:

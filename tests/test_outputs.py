@@ -6,13 +6,17 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from lxml import etree
+
 from paperlane.retry import RetryPolicy
+from paperlane.schemas import EngineInfo, JobStatus, Line, OutputFormat, PageResult
 from paperlane.status import OutputsState
 from paperlane.storage import ingests, views
 from paperlane.storage import jobs as jobstore
 from paperlane.storage import outputs as recorded
 from paperlane.storage.db import Database, utcnow
 from paperlane.storage.localfs import LocalStore
+from paperlane.storage.objects import document_key, result_key
 from paperlane.workers.outputs import Writer
 from tests.pages import tiny_page
 from tests.test_ingests import doc, succeed
@@ -34,7 +38,7 @@ def test_outputs_are_due_when_the_document_finishes_and_written_once(db: Databas
     store = LocalStore(tmp_path / "objects")
     document_id = _finished_document(db, store)
     assert _state(db, document_id) == {"state": "pending", "json": False, "markdown": False, "pdf": False,
-                                       "error": None}
+                                       "formats": [], "error": None}
     writer = Writer(db, store, RetryPolicy(), hold=30)
     assert writer.write(document_id) is not None
     assert _state(db, document_id)["state"] == OutputsState.WRITTEN.value and _state(db, document_id)["json"]
@@ -62,7 +66,7 @@ def test_a_failed_try_is_retried_after_its_backoff_then_given_up(db: Database, t
     assert _state(db, document_id)["state"] is None  # not finished again: nothing due
     succeed(db, job_id)
     assert _state(db, document_id) == {"state": "pending", "json": False, "markdown": False, "pdf": False,
-                                       "error": None}
+                                       "formats": [], "error": None}
     assert Writer(db, store, RetryPolicy(), hold=30).write_due() == 1 and _state(db, document_id)["state"] == "written"
 
 
@@ -75,6 +79,68 @@ def test_a_writer_whose_claim_lapsed_does_not_mark_them_written(db: Database, tm
     time.sleep(0.1)
     [fresh] = recorded.claim_due(db, now=utcnow(), hold=30)  # the claim lapsed: another writer takes them
     assert fresh.document_id == document_id
-    assert not recorded.written(db, stale, json_key="a", markdown_key="b", pdf_key=None)
-    assert recorded.written(db, fresh, json_key="a", markdown_key="b", pdf_key=None)
+    assert not recorded.written(db, stale, formats=[OutputFormat.JSON])
+    assert recorded.written(db, fresh, formats=[OutputFormat.JSON])
     assert _state(db, document_id)["state"] == "written"
+
+
+def test_a_worker_writes_the_formats_it_is_set_to_and_a_failed_page_keeps_its_place(db: Database,
+                                                                                   tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "objects")
+    [first, second, third] = _submit(db, store, [doc("book", tiny_page(7), pages=3)], ingests.Owner())
+    document_id = first.document_id
+    for page, text in ((first, "Item 7 paid"), (third, "Total 12.00")):
+        job = jobstore.start_attempt(db, page.job_id, policy=RetryPolicy())
+        assert job is not None
+        result = PageResult(job_id=page.job_id, source="book.png", status=JobStatus.SUCCEEDED, text=text,
+                            lines=[Line(text=text, confidence=0.9, quad=[(10, 10), (300, 10), (300, 40), (10, 40)])],
+                            width=360, height=64, engine=EngineInfo(name="stub", version="0"))
+        store.put(result_key(page.job_id), result.model_dump_json().encode())
+        jobstore.finish_succeeded(db, job, result, engine="stub", result_key=result_key(page.job_id),
+                                  annotated_key=None, timings={})
+    assert jobstore.start_attempt(db, second.job_id, policy=RetryPolicy()) is not None
+    assert jobstore.finish_failed(db, second.job_id, "engine timed out", "inference") == [document_id]
+
+    formats = (OutputFormat.JSON, OutputFormat.ALTO, OutputFormat.PAGE, OutputFormat.HOCR, OutputFormat.METS)
+    puts: list[str] = []
+    counting = _Counting(store, puts)
+    assert Writer(db, counting, RetryPolicy(), hold=30, formats=formats).write(document_id) is not None
+
+    state = _state(db, document_id)
+    assert (state["state"], state["formats"], state["markdown"], state["pdf"]) == (
+        "written", ["json", "alto", "page", "hocr", "mets"], False, False)
+    expected = [document_key(document_id, fmt) for fmt in (OutputFormat.JSON, OutputFormat.ALTO, OutputFormat.HOCR,
+                                                           OutputFormat.METS)]
+    expected += [document_key(document_id, fmt, n, 3) for n in (1, 2, 3) for fmt in (OutputFormat.ALTO,
+                                                                                      OutputFormat.PAGE)]
+    assert sorted(puts) == sorted(expected)  # each file once, nothing else (no markdown, no PDF)
+    alto = etree.fromstring(store.get(document_key(document_id, OutputFormat.ALTO)))
+    pages = alto.findall(".//{http://www.loc.gov/standards/alto/ns-v4#}Page")
+    assert [p.get("ID") for p in pages] == ["P1", "P2", "P3"]
+    assert pages[1].get("QUALITY_DETAIL") == "page 2 failed: engine timed out"
+    strings = [[s.get("CONTENT") for s in p.iter("{http://www.loc.gov/standards/alto/ns-v4#}String")] for p in pages]
+    assert strings == [["Item", "7", "paid"], [], ["Total", "12.00"]]
+    page2 = store.get(document_key(document_id, OutputFormat.PAGE, 2, 3)).decode()
+    assert "page 2 failed: engine timed out" in page2
+    mets = store.get(document_key(document_id, OutputFormat.METS)).decode()
+    assert f'xlink:href="{document_id}-p2.page.xml"' in mets and 'LABEL="page 2 failed: engine timed out"' in mets
+
+
+class _Counting:
+    """The local store, counting the keys written: a file written twice or one not asked for shows."""
+
+    def __init__(self, store: LocalStore, puts: list[str]) -> None:
+        self.store, self.puts = store, puts
+
+    def put(self, key: str, data: bytes, *, content_type: str = "application/octet-stream") -> None:
+        self.puts.append(key)
+        self.store.put(key, data, content_type=content_type)
+
+    def get(self, key: str) -> bytes:
+        return self.store.get(key)
+
+    def exists(self, key: str) -> bool:
+        return self.store.exists(key)
+
+    def url(self, key: str) -> str:
+        return self.store.url(key)

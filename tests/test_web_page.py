@@ -57,7 +57,9 @@ def browser(downloads: Path) -> Iterator[Chrome]:
                 "--window-size=1280,1000"):
         options.add_argument(arg)
     options.add_experimental_option("prefs", {"download.default_directory": str(downloads),
-                                              "download.prompt_for_download": False})
+                                              "download.prompt_for_download": False,
+                                              # several downloads from one page, without asking
+                                              "profile.default_content_setting_values.automatic_downloads": 1})
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=DriverService(executable_path=str(CHROMEDRIVER)), options=options)
     try:
@@ -131,6 +133,14 @@ def test_upload_a_scan_and_watch_its_page_finish(browser: Chrome, downloads: Pat
     saved = downloads / "letter.json"
     _wait(browser, "the downloaded document JSON", server=server, timeout=30, until=lambda d: saved.exists())
     assert first_words in json.dumps(json.loads(saved.read_text()))
+    # The archive formats: ALTO built by the API on request (the workers write JSON, markdown and PDF), and the
+    # page's PAGE XML from its card.
+    alto, page_xml = downloads / "letter.alto.xml", downloads / "letter.page.xml"
+    browser.find_element(By.CSS_SELECTOR, "[data-format=alto]").click()
+    _wait(browser, "the downloaded ALTO", server=server, timeout=30, until=lambda d: alto.exists())
+    browser.find_element(By.CSS_SELECTOR, ".page .page-xml").click()
+    _wait(browser, "the downloaded PAGE XML", server=server, timeout=30, until=lambda d: page_xml.exists())
+    assert lines[0].split()[0] in alto.read_text() and lines[0].split()[0] in page_xml.read_text()
 
     browser.refresh()
     assert browser.find_element(By.ID, "key").get_attribute("value") == key, "the key is kept for the tab"

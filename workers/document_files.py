@@ -632,9 +632,8 @@ def _checksum(data: bytes) -> int:
 
 
 # -- every output format, by name ------------------------------------------------------------------------------
-# What ``paperlane run --formats``, the worker's ``output_formats`` and the API's ``?format=`` dispatch over: the
-# archive formats come from ``paperlane.formats``, JSON, markdown and the searchable PDF from this module. Both
-# raise UsageError for a format that has no such form (``FORMATS[fmt].page`` / ``.document`` say which do).
+# One page or a whole document in any of the seven formats. Both raise UsageError for a form a format lacks
+# (``FORMATS[fmt].page`` / ``.document`` say which forms each has).
 
 def page_output(fmt: OutputFormat, result: PageResult, *, name: str, page_count: int = 1,
                 original: bytes | None = None, ext: str = "", created: datetime | None = None) -> bytes:

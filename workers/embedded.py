@@ -21,6 +21,7 @@ from functools import partial
 from pathlib import Path
 
 from paperlane.errors import PaperlaneError
+from paperlane.formats import document_bytes, file_name
 from paperlane.priority.delayed import InMemoryDelayed
 from paperlane.priority.lanes import Lane
 from paperlane.priority.policy import LanePolicy
@@ -28,7 +29,7 @@ from paperlane.priority.scheduler import InMemoryLanes, LaneScheduler
 from paperlane.producer.inputs import Document, Skipped
 from paperlane.producer.submit import SubmitAction, SubmittedPage, Submitter
 from paperlane.retry import Action, RetryPolicy
-from paperlane.schemas import JobStatus, PageResult, TaskSpec
+from paperlane.schemas import JobStatus, OutputFormat, PageResult, TaskSpec
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.results import page_result
 from paperlane.workers.attempts import Settled, settle
@@ -58,8 +59,10 @@ def run_embedded(rt: Runtime, items: Iterable[Document | Skipped], *, out_dir: P
                  on_page: Callable[[str, PageResult], None] | None = None,
                  on_skipped: Callable[[Skipped], None] | None = None) -> RunSummary:
     """Process every document of ``items`` and write, into ``out_dir``, each page's ``<stem>.json`` (and
-    its annotated image on success) and each document's ``<stem>.md``, ``<stem>.pdf`` and, for
-    several pages, the document's ``<stem>.json``."""
+    its annotated image on success) and each document's outputs in ``worker.output_formats``, named as
+    ``paperlane.formats.file_name`` names them: ``<stem>.md``, ``<stem>.pdf``, ``<stem>.alto.xml``, ...,
+    a page's PAGE XML ``<stem>-p<N>.page.xml`` when the document has several, and for several pages the
+    document's ``<stem>.json`` (a one-page document's JSON is its page's)."""
     t0 = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = RunSummary()
@@ -89,7 +92,7 @@ class _OutputWriter:
         self.rt, self.out_dir, self.summary, self.on_page = rt, out_dir, summary, on_page
         cfg = rt.settings.worker
         self.writer = Writer(rt.db, rt.store, RetryPolicy.of(cfg), hold=cfg.page_timeout,
-                             max_pixels=cfg.max_image_pixels)
+                             max_pixels=cfg.max_image_pixels, formats=cfg.output_formats)
         self.used: set[str] = set()  # output stems taken in this run
         self.stems: dict[str, str] = {}  # document id -> its stem
         self.left: dict[str, int] = {}  # document id -> pages not written yet
@@ -133,11 +136,16 @@ class _OutputWriter:
         outputs = self.writer.write(page.document_id)
         if outputs is None:  # the reason is logged, and recorded on the document
             return
-        if page.page_count > 1:
-            (self.out_dir / f"{stem}.json").write_bytes(outputs.json)
-        (self.out_dir / f"{stem}.md").write_bytes(outputs.markdown)
-        if outputs.pdf is not None:
-            (self.out_dir / f"{stem}.pdf").write_bytes(outputs.pdf)
+        files = dict(outputs.files)
+        count = len(outputs.pages)
+        if count == 1:
+            files.pop((OutputFormat.JSON, None), None)  # the page's JSON has its name and says it all
+        if (OutputFormat.METS, None) in files:  # its page files are named after the stem here, not the id
+            doc = outputs.document
+            files[(OutputFormat.METS, None)] = document_bytes(OutputFormat.METS, outputs.pages, document_id=doc.id,
+                                                              name=doc.name, ext=doc.ext, stem=stem)
+        for (fmt, number), data in files.items():
+            (self.out_dir / file_name(stem, fmt, number, count)).write_bytes(data)
 
 
 class _Scheduler:

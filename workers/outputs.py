@@ -1,29 +1,34 @@
-"""A finished document's outputs (its JSON, its markdown, a searchable PDF), written as a unit of work that is
-recorded before it is done (``storage.outputs``) and retried by the retry policy until it is.
+"""A finished document's outputs in the formats asked for (by default its JSON, its markdown and a searchable PDF;
+also ALTO, PAGE XML, hOCR and METS), written as a unit of work that is recorded before it is done
+(``storage.outputs``) and retried by the retry policy until it is.
 
 The worker that finishes a document's last page writes them at once (``write``); a worker's ``OutputsSweep``
 writes any whose writer died or whose failed try is due again (``write_due``); ``paperlane run`` writes them as
 each document ends. They are built from what is stored (each page's result JSON and the document's original),
-so whoever writes them builds the same objects. Each page's result is its job's, told which document and page
-it is (a job shared by several documents carries the first one's source).
+so whoever writes them builds the same objects (PAGE XML's time is when its page was finished). Each page's
+result is its job's, told which document and page it is (a job shared by several documents carries the first
+one's source). Each file is stored under the document's key for its format and page, and the formats written are
+recorded with the outputs' state (a searchable PDF that could not be made is left out, and the reason logged).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from paperlane.errors import public_reason
+from paperlane.formats import FORMATS, FileKey, archive_files
 from paperlane.pdfium import LOCK as PDFIUM_LOCK
 from paperlane.retry import RetryPolicy
-from paperlane.schemas import PageResult
+from paperlane.schemas import OutputFormat, PageResult
+from paperlane.settings import DEFAULT_OUTPUT_FORMATS
 from paperlane.status import OutputsState
-from paperlane.storage import ingests
 from paperlane.storage import outputs as recorded
 from paperlane.storage.db import Database, utcnow
-from paperlane.storage.objects import ObjectStore, document_keys
-from paperlane.storage.results import page_result
+from paperlane.storage.objects import ObjectStore, document_key
+from paperlane.storage.results import document_results
 from paperlane.storage.tables import DocumentRow
 from paperlane.workers.document_files import document_json, document_markdown, searchable_pdf
 
@@ -33,10 +38,9 @@ log = logging.getLogger(__name__)
 @dataclass
 class DocumentOutputs:
     document: DocumentRow
-    pages: list[PageResult]
-    json: bytes
-    markdown: bytes
-    pdf: bytes | None  # None when it could not be built (the reason is logged)
+    pages: list[PageResult]  # in page order
+    files: dict[FileKey, bytes]  # every file made: (format, None) a document's, (format, N) page N's
+    formats: list[OutputFormat]  # the formats asked for that were made (a PDF that could not be is not)
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,7 @@ class Writer:
     policy: RetryPolicy
     hold: float  # seconds a claim holds the outputs (then another writer may take them)
     max_pixels: int = 150_000_000
+    formats: tuple[OutputFormat, ...] = DEFAULT_OUTPUT_FORMATS
 
     def write(self, document_id: str) -> DocumentOutputs | None:
         """Claim the document's due outputs and write them; None when they are not due, another writer holds
@@ -63,14 +68,13 @@ class Writer:
 
     def _written(self, held: recorded.Claim) -> DocumentOutputs | None:
         try:
-            built = build_outputs(self.db, self.store, held.document_id, max_pixels=self.max_pixels)
-            json_key, md_key, pdf_key = document_keys(held.document_id)
-            self.store.put(json_key, built.json, content_type="application/json")
-            self.store.put(md_key, built.markdown, content_type="text/markdown; charset=utf-8")
-            if built.pdf is not None:
-                self.store.put(pdf_key, built.pdf, content_type="application/pdf")
-            recorded.written(self.db, held, json_key=json_key, markdown_key=md_key,
-                             pdf_key=pdf_key if built.pdf is not None else None)
+            built = build_outputs(self.db, self.store, held.document_id, formats=self.formats,
+                                  max_pixels=self.max_pixels)
+            count = len(built.pages)
+            for (fmt, page), data in built.files.items():
+                self.store.put(document_key(held.document_id, fmt, page, count), data,
+                               content_type=FORMATS[fmt].media_type)
+            recorded.written(self.db, held, formats=built.formats)
             return built
         except Exception as exc:
             state = self._failed(held, exc)
@@ -87,21 +91,35 @@ class Writer:
 
 
 def build_outputs(db: Database, store: ObjectStore, document_id: str, *,
+                  formats: Collection[OutputFormat] = DEFAULT_OUTPUT_FORMATS,
                   max_pixels: int = 150_000_000) -> DocumentOutputs:
-    """Read the document's pages and original and build its outputs (nothing is written)."""
-    document = ingests.get_document(db, document_id)
-    pages = [page_result(store, job, source=document.source, page_no=page.page_no)
-             for page, job in ingests.document_pages(db, document_id)]
-    doc_json = document_json(document_id=document.id, source=document.source, name=document.name, pages=pages)
-    markdown = document_markdown(pages).encode()
-    pdf = None
+    """Read the document's pages (and its original, for the PDF) and build its outputs in ``formats``; nothing is
+    written. Page files are named after the document's id (as the METS refers to them)."""
+    read = document_results(db, store, document_id)
+    document, pages = read.document, read.pages
+    files: dict[FileKey, bytes] = {}
+    if OutputFormat.JSON in formats:
+        files[(OutputFormat.JSON, None)] = document_json(document_id=document.id, source=document.source,
+                                                         name=document.name, pages=pages)
+    if OutputFormat.MD in formats:
+        files[(OutputFormat.MD, None)] = document_markdown(pages).encode()
+    if OutputFormat.PDF in formats and (pdf := _pdf(store, document, pages, max_pixels=max_pixels)) is not None:
+        files[(OutputFormat.PDF, None)] = pdf
+    files |= archive_files(formats, pages, document_id=document.id, name=document.name, ext=document.ext,
+                           stem=document.id, created=read.finished)
+    made = [fmt for fmt in OutputFormat if fmt in formats and (fmt is not OutputFormat.PDF or (fmt, None) in files)]
+    return DocumentOutputs(document, pages, files, made)
+
+
+def _pdf(store: ObjectStore, document: DocumentRow, pages: list[PageResult], *, max_pixels: int) -> bytes | None:
+    """The searchable PDF, or None when it cannot be made (the other outputs still go out; the reason is logged)."""
     try:
         original = store.get(document.original_key) if document.original_key else None
         with PDFIUM_LOCK:
-            pdf = searchable_pdf(pages, original=original, ext=document.ext, max_pixels=max_pixels)
-    except Exception as exc:  # the JSON and markdown still go out; the PDF's absence is logged
-        log.warning("document %s: no searchable PDF (%s)", document_id, public_reason(exc), exc_info=exc)
-    return DocumentOutputs(document, pages, doc_json, markdown, pdf)
+            return searchable_pdf(pages, original=original, ext=document.ext, max_pixels=max_pixels)
+    except Exception as exc:
+        log.warning("document %s: no searchable PDF (%s)", document.id, public_reason(exc), exc_info=exc)
+        return None
 
 
 class OutputsSweep:

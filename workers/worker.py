@@ -92,7 +92,7 @@ class Worker:
             self.leases = _started(stack, LeaseKeeper(self.runtime.db, self.delayed, self.redis, cfg, self.policy,
                                                       worker=self.name))
             self.writer = Writer(self.runtime.db, self.runtime.store, self.policy, hold=cfg.page_timeout,
-                                 max_pixels=cfg.max_image_pixels)
+                                 max_pixels=cfg.max_image_pixels, formats=cfg.output_formats)
             _started(stack, OutputsSweep(self.writer, every=cfg.lease / 3))
             # The batch limit keeps slots free for interactive pages; a worker that serves no interactive lane
             # needs none.

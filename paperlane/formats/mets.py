@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from lxml import etree
 
-from paperlane.formats.view import page_problem, producer
-from paperlane.schemas import JobStatus, PageResult
+from paperlane.formats.view import PageView, as_view, producer
+from paperlane.schemas import PageResult
 
 NS = "http://www.loc.gov/METS/"
 XLINK = "http://www.w3.org/1999/xlink"
@@ -40,19 +40,19 @@ _GROUPS = (("IMAGE", "IMG", "image", None), ("FULLTEXT", "ALTO", "alto", "applic
            ("HOCR", "HOCR", "hocr", "text/vnd.hocr+html"))
 
 
-def document_mets(pages: Sequence[PageResult], *, document_id: str, name: str,
+def document_mets(pages: Sequence[PageResult | PageView], *, document_id: str, name: str,
                   files: Mapping[int, PageFiles]) -> bytes:
     """The document's METS (UTF-8): ``files`` maps each page number to its files' hrefs."""
-    ordered = sorted(pages, key=lambda p: p.page)
+    ordered = sorted((as_view(p) for p in pages), key=lambda v: v.number)
     root = etree.Element(f"{{{NS}}}mets", nsmap={"mets": NS, "xlink": XLINK, "xsi": XSI},
                          OBJID=document_id, LABEL=name)
     root.set(f"{{{XSI}}}schemaLocation", SCHEMA_LOCATION)
     agent = _sub(_sub(root, "metsHdr"), "agent", ROLE="CREATOR", TYPE="OTHER", OTHERTYPE="SOFTWARE")
-    _sub(agent, "name").text = producer([p.engine for p in ordered])
+    _sub(agent, "name").text = producer([v.engine for v in ordered])
     file_sec = _sub(root, "fileSec")
-    ids: dict[int, list[str]] = {p.page: [] for p in ordered}
+    ids: dict[int, list[str]] = {v.number: [] for v in ordered}
     for use, prefix, field, mimetype in _GROUPS:
-        listed = [(p.page, href) for p in ordered if (href := getattr(files.get(p.page, PageFiles()), field))]
+        listed = [(v.number, href) for v in ordered if (href := getattr(files.get(v.number, PageFiles()), field))]
         if not listed:
             continue
         group = _sub(file_sec, "fileGrp", USE=use)
@@ -63,15 +63,15 @@ def document_mets(pages: Sequence[PageResult], *, document_id: str, name: str,
                  **{f"{{{XLINK}}}href": href})
             ids[number].append(file_id)
     sequence = _sub(_sub(root, "structMap", TYPE="PHYSICAL"), "div", TYPE="physSequence", ID="PHYS_00000")
-    for result in ordered:
-        attrs = {"TYPE": "page", "ID": f"PHYS_{result.page:05d}", "ORDER": str(result.page),
-                 "ORDERLABEL": str(result.page)}
-        if result.status is not JobStatus.SUCCEEDED:
-            attrs["LABEL"] = page_problem(result)
+    for view in ordered:
+        attrs = {"TYPE": "page", "ID": f"PHYS_{view.number:05d}", "ORDER": str(view.number),
+                 "ORDERLABEL": str(view.number)}
+        if view.note:  # the page did not succeed
+            attrs["LABEL"] = view.note
         div = _sub(sequence, "div", **attrs)
-        for file_id in ids[result.page]:
+        for file_id in ids[view.number]:
             _sub(div, "fptr", FILEID=file_id)
-    return etree.tostring(root, xml_declaration=True, encoding="UTF-8", pretty_print=True)
+    return etree.tostring(root, xml_declaration=True, encoding="UTF-8")
 
 
 def _sub(parent: etree._Element, tag: str, **attrs: str) -> etree._Element:

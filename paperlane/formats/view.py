@@ -1,7 +1,8 @@
 """A page as the archive formats write it: blocks of lines of words, every one with a box, in reading order.
 
 ``page_view(result)`` is the one place that decides what a page's text and geometry are, so ALTO,
-PAGE XML and hOCR carry the same text in the same order:
+PAGE XML and hOCR carry the same text in the same order; it is made once per page and handed to each format
+(every builder takes a result or its view), with each box in whole pixels worked out once:
 
 - A page that did not succeed has no blocks and a ``note`` (``page 3 failed: reason``); the formats
   write an empty page carrying that note, never drop it.
@@ -22,30 +23,44 @@ import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from paperlane.layout import box_quad, estimate_words, is_rtl, order_lines, quad_box
 from paperlane.models.profiles import markdown_to_text
-from paperlane.schemas import BlockKind, JobStatus, PageResult, Point, Task, Word
+from paperlane.schemas import BlockKind, EngineInfo, JobStatus, PageResult, Point, Task, Word
 
 _UNTEXTED_TASKS = (Task.FIELDS, Task.TRANSLATE)
 _NOTE_CHARS = 300  # a failure's reason is cut to this
 _A4_PX = (2480, 3508)  # a page of no known size, at 300 dpi (what the searchable PDF assumes too)
 
+Box = tuple[int, int, int, int]  # left, top, right, bottom: whole pixels, never negative
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, slots=True)
+class WordView:
+    text: str
+    quad: Sequence[Point]
+    box: Box
+    confidence: float | None  # the word's own, else its line's (RapidOCR's words have none of their own)
+    estimated: bool  # laid out along its line by paperlane, not read from the page
+
+
+@dataclass(frozen=True, slots=True)
 class LineView:
     text: str
-    quad: list[Point]
+    quad: Sequence[Point]
+    box: Box
     confidence: float | None
-    words: list[Word]
+    words: list[WordView]
     estimated: bool  # the line's box was laid out by paperlane, not read from the page
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class BlockView:
     kind: BlockKind
-    quad: list[Point]
+    quad: Sequence[Point]
+    box: Box
     lines: list[LineView]
 
 
@@ -56,10 +71,12 @@ class PageView:
     height: int | None
     blocks: list[BlockView]
     rtl: bool
-    note: str | None = None  # why the page has no text
+    note: str | None = None  # why the page has no text (it did not succeed)
     confidence: float | None = None  # the page's confidence (its quality grade's, else its lines' mean)
     needs_review: bool | None = None  # from the quality grade, when the result has one
     flags: tuple[str, ...] = ()
+    engine: EngineInfo | None = None  # what read the page
+    estimated: bool = False  # some box of the page was laid out by paperlane
 
     @property
     def lines(self) -> list[LineView]:
@@ -74,15 +91,24 @@ class PageView:
 def page_view(result: PageResult) -> PageView:
     """What the archive formats write for ``result`` (see the module docstring)."""
     base: dict[str, Any] = {"number": result.page, "width": result.width, "height": result.height,
-                            **_quality(result)}
+                            "engine": result.engine, **_quality(result)}
     if result.status is not JobStatus.SUCCEEDED:
         return PageView(blocks=[], rtl=False, note=page_problem(result), **base)
     if result.task in _UNTEXTED_TASKS:
         return PageView(blocks=[], rtl=False, **base)
     rtl = is_rtl(ln.text for ln in result.lines) if result.lines else is_rtl([result.text])
     if result.lines and all(_usable(ln.quad, result) for ln in result.lines):
-        return PageView(blocks=_measured(result, rtl), rtl=rtl, **base)
-    return PageView(blocks=_stacked(_text_blocks(result), result, rtl), rtl=rtl, **base)
+        blocks = _measured(result, rtl)
+    else:
+        blocks = _stacked(_text_blocks(result), result, rtl)
+    estimated = any(ln.estimated or any(w.estimated for w in ln.words) for b in blocks for ln in b.lines)
+    return PageView(blocks=blocks, rtl=rtl, estimated=estimated, **base)
+
+
+def as_view(page: PageResult | PageView) -> PageView:
+    """``page`` itself when it is a view already, else its view: callers that write several formats of a page
+    make its view once and pass it to each."""
+    return page if isinstance(page, PageView) else page_view(page)
 
 
 def page_problem(result: PageResult) -> str:
@@ -126,19 +152,29 @@ def _measured(result: PageResult, rtl: bool) -> list[BlockView]:
     lines, blocks = result.lines, result.blocks
     if not blocks or any(ln.block is None or not 0 <= ln.block < len(blocks) for ln in lines):
         lines, blocks = order_lines(lines, page_height=result.height)  # a result from before blocks
-    views: list[BlockView] = [BlockView(b.kind, list(b.quad or []), []) for b in blocks]
+    grouped: list[list[LineView]] = [[] for _ in blocks]
     for ln in lines:
-        quad = list(ln.quad or [])
-        words = ln.words if ln.words else estimate_words(ln.text, quad, confidence=ln.confidence, rtl=rtl)
-        words = [w if text == w.text else w.model_copy(update={"text": text})
-                 for w in words if (text := clean_text(w.text))]
-        if words:
-            views[ln.block or 0].lines.append(LineView(" ".join(w.text for w in words), quad, ln.confidence,
-                                                       list(words), estimated=False))
-    for k, view in enumerate(views):
-        if view.lines and not view.quad:
-            views[k] = BlockView(view.kind, _around([ln.quad for ln in view.lines]), view.lines)
-    return [view for view in views if view.lines]
+        quad, confidence = ln.quad or [], ln.confidence
+        words = [_word(w, confidence) for w in
+                 ln.words or estimate_words(ln.text, quad, confidence=confidence, rtl=rtl)]
+        kept = [w for w in words if w.text]
+        if kept:
+            grouped[ln.block or 0].append(LineView(" ".join(w.text for w in kept), quad, pixel_box(quad), confidence,
+                                                   kept, estimated=False))
+    views = []
+    for block, group in zip(blocks, grouped):
+        if group:
+            quad = block.quad or _around([ln.quad for ln in group])
+            views.append(BlockView(block.kind, quad, pixel_box(quad), group))
+    return views
+
+
+def _word(word: Word, line_confidence: float | None) -> WordView:
+    text = word.text
+    if not text.isprintable() or " " in text:  # printable and spaceless: nothing for clean_text to do
+        text = clean_text(text)
+    confidence = word.confidence if word.confidence is not None else line_confidence
+    return WordView(text, word.quad, pixel_box(word.quad), confidence, word.estimated)
 
 
 def _around(quads: Sequence[Sequence[Point]]) -> list[Point]:
@@ -212,26 +248,43 @@ def _stacked(blocks: list[tuple[BlockKind, list[str]]], result: PageResult, rtl:
             x1 = x0 + min(len(text) * 0.5 * size, width - 2 * margin)
             quad = [(round(x0, 1), round(y0, 1)), (round(x1, 1), round(y0, 1)),
                     (round(x1, 1), round(y0 + size, 1)), (round(x0, 1), round(y0 + size, 1))]
-            lines.append(LineView(text, quad, None, estimate_words(text, quad, rtl=rtl), estimated=True))
+            words = [_word(w, None) for w in estimate_words(text, quad, rtl=rtl)]
+            lines.append(LineView(text, quad, pixel_box(quad), None, words, estimated=True))
             row += 1
-        views.append(BlockView(kind, _around([ln.quad for ln in lines]), lines))
+        quad = _around([ln.quad for ln in lines])
+        views.append(BlockView(kind, quad, pixel_box(quad), lines))
     return views
 
 
-def word_confidence(line: LineView, word: Word) -> float | None:
-    """A word's confidence, else its line's (RapidOCR's words have none of their own)."""
-    return word.confidence if word.confidence is not None else line.confidence
+def pixel_box(quad: Sequence[Point]) -> Box:
+    """The whole-pixel box around ``quad``: left, top, right, bottom (never negative, never inside out)."""
+    if len(quad) == 4:
+        (ax, ay), (bx, by), (cx, cy), (dx, dy) = quad
+        x0, x1, y0, y1 = min(ax, bx, cx, dx), max(ax, bx, cx, dx), min(ay, by, cy, dy), max(ay, by, cy, dy)
+    else:
+        xs, ys = [p[0] for p in quad] or [0.0], [p[1] for p in quad] or [0.0]
+        x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
+    left, top = max(0, int(x0)), max(0, int(y0))
+    return left, top, max(left, round(x1)), max(top, round(y1))
 
 
-def pixel_box(quad: Sequence[Point]) -> tuple[int, int, int, int]:
-    """The whole-pixel box around ``quad``: left, top, width, height (never negative)."""
-    xs, ys = [p[0] for p in quad], [p[1] for p in quad]
-    left, top = max(0, int(min(xs))), max(0, int(min(ys)))
-    return left, top, max(0, round(max(xs)) - left), max(0, round(max(ys)) - top)
+@lru_cache(maxsize=4096)
+def confidence_text(value: float) -> str:
+    """A confidence (0-1) as ALTO's ``WC`` and ``PC`` and PAGE's ``conf`` take it; remembered: a line's words
+    share theirs."""
+    return f"{min(max(value, 0.0), 1.0):.4g}"
+
+
+_POINTS4 = "%.0f,%.0f %.0f,%.0f %.0f,%.0f %.0f,%.0f"
 
 
 def points(quad: Sequence[Point]) -> str:
     """``x,y x,y ...`` in whole non-negative pixels (what PAGE XML's and ALTO's polygons take)."""
+    if len(quad) == 4:
+        (ax, ay), (bx, by), (cx, cy), (dx, dy) = quad
+        flat = (ax, ay, bx, by, cx, cy, dx, dy)
+        if min(flat) >= 0:  # the usual quad: "%.0f" rounds half to even as round() does, in one call
+            return _POINTS4 % flat
     return " ".join(f"{max(0, round(x))},{max(0, round(y))}" for x, y in quad)
 
 

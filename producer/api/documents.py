@@ -21,12 +21,13 @@ from anyio import CancelScope, to_thread
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from paperlane.errors import redact
 from paperlane.producer.api import uploads
 from paperlane.producer.api.errors import ApiError, public
+from paperlane.producer.api.files import document_file
 from paperlane.producer.api.limits import retry_after
 from paperlane.producer.api.options import checked
 from paperlane.producer.api.service import CallerDep, Service, ServiceDep
+from paperlane.schemas import OutputFormat
 from paperlane.status import OutputsState, RollupState
 from paperlane.storage import ingests, views
 from paperlane.storage.db import as_utc, utcnow
@@ -37,8 +38,6 @@ from paperlane.storage.tenants import Caller
 router = APIRouter(prefix="/v1/documents", tags=["documents"])
 
 _KEEPALIVE = 15.0
-_FORMATS = {"json": ("json_key", "application/json"), "md": ("markdown_key", "text/markdown"),
-            "pdf": ("pdf_key", "application/pdf")}
 _UPLOAD_FORM = {"requestBody": {"content": {"multipart/form-data": {"schema": {
     "type": "object", "required": ["file"], "properties": {
         "file": {"type": "string", "format": "binary"}, "lane": {"type": "string"}, "task": {"type": "string"},
@@ -69,30 +68,15 @@ async def get_document(document_id: str, svc: ServiceDep, who: CallerDep,
 
 
 @router.get("/{document_id}/result")
-def get_result(document_id: str, svc: ServiceDep, who: CallerDep,
-               format: Annotated[str, Query(pattern="^(json|md|pdf)$")] = "json") -> Response:
-    """The document's outputs once they are written: JSON (its pages in order), markdown, searchable PDF. Before,
-    409 saying whether its pages are still being processed or its outputs still being written (the document's
-    status says which, in ``outputs.state``)."""
+def get_result(document_id: str, svc: ServiceDep, who: CallerDep, format: OutputFormat = OutputFormat.JSON,
+               page: Annotated[int | None, Query(ge=1, description="format=page: which page's PAGE XML")] = None
+               ) -> Response:
+    """The document in one format: JSON (its pages in order), markdown, searchable PDF, ALTO, hOCR, METS, or a page's
+    PAGE XML, once its pages are final. What the workers wrote is read from the store; ALTO, PAGE XML, hOCR and METS
+    they did not write are built now (documents of at most api.max_build_pages pages). 409 while its pages are being
+    processed or (JSON, markdown, PDF) its outputs are being written (the document's ``outputs.state`` says which)."""
     row, progress, _ = ingests.document_progress(svc.db, document_id, tenant_id=who.tenant_id)
-    column, media = _FORMATS[format]
-    key = getattr(row, column)
-    if not key:
-        raise _not_ready(row, progress.done, format)
-    return Response(svc.store.get(key), media_type=media, headers={
-        "Content-Disposition": f'inline; filename="{_header_safe(row.name)}.{format}"'})
-
-
-def _not_ready(row: DocumentRow, done: bool, format: str) -> ApiError:
-    if not done:
-        return ApiError(409, "not_ready", "the document's pages are still being processed", {"Retry-After": "1"})
-    if row.outputs == OutputsState.FAILED.value:
-        return ApiError(404, "outputs_failed",
-                        f"the document's outputs could not be written: {redact(row.outputs_error or 'unknown')}")
-    if row.outputs == OutputsState.WRITTEN.value and format == "pdf":
-        return ApiError(404, "not_found", "no searchable PDF could be made for this document")
-    return ApiError(409, "outputs_pending", "every page is final; the document's outputs are being written",
-                    {"Retry-After": "1"})
+    return document_file(svc, row, done=progress.done, fmt=format, page=page)
 
 
 @router.get("/{document_id}/events")
@@ -162,10 +146,6 @@ class _Stream:
 def _lapse(svc: Service) -> float:
     """How long an open stream stays counted without a renewal (renewals come every ``_KEEPALIVE / 3`` s)."""
     return 3 * svc.settings.api.stream_poll + _KEEPALIVE
-
-
-def _header_safe(name: str) -> str:
-    return "".join(c if c.isascii() and c.isprintable() and c not in '"\\' else "_" for c in name)[:100] or "document"
 
 
 def _sse(event: str, data: dict[str, Any]) -> bytes:

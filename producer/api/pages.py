@@ -1,24 +1,31 @@
-"""/v1/pages: a page's status and result, and its annotated image."""
+"""/v1/pages: a page's status and result (or the page in an archive format), and its annotated image."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
 from paperlane.producer.api.errors import ApiError, public
+from paperlane.producer.api.files import page_file
 from paperlane.producer.api.service import CallerDep, ServiceDep
+from paperlane.schemas import OutputFormat
 from paperlane.storage import ingests, views
 from paperlane.storage.results import page_result
 
 router = APIRouter(prefix="/v1/pages", tags=["pages"])
 
 
-@router.get("/{page_id}")
-def get_page(page_id: str, svc: ServiceDep, who: CallerDep) -> dict[str, Any]:
-    """A page: its status and, once final, its result."""
+@router.get("/{page_id}", response_model=None)
+def get_page(page_id: str, svc: ServiceDep, who: CallerDep,
+             format: Annotated[str, Query(pattern="^(json|alto|page|hocr)$", description="json: its status and "
+                                          "result; alto, page (PAGE XML), hocr: the page alone in that format, "
+                                          "once it is final")] = "json") -> dict[str, Any] | Response:
+    """A page: its status and, once final, its result; or the page in ALTO, PAGE XML or hOCR."""
     found = ingests.get_page(svc.db, page_id, tenant_id=who.tenant_id)
+    if format != "json":
+        return page_file(svc, found, OutputFormat(format))
     result = None
     if views.page_state(found.job).final:
         result = page_result(svc.store, found.job, source=found.document.source, page_no=found.page.page_no)
