@@ -35,7 +35,11 @@ from PIL import Image, ImageDraw, ImageFont  # noqa: E402
 from sqlalchemy import func, select  # noqa: E402
 
 from paperlane.models.profiles import get_profile  # noqa: E402
+from paperlane.priority.broker import make_celery  # noqa: E402
+from paperlane.producer.submit import CeleryPublisher  # noqa: E402
+from paperlane.settings import load_settings  # noqa: E402
 from paperlane.storage.db import Database  # noqa: E402
+from paperlane.storage.objects import ObjectStore, open_store  # noqa: E402
 from paperlane.storage.tables import JobRow  # noqa: E402
 from tests import services  # noqa: E402
 from tests.pages import WORDS, prepare  # noqa: E402
@@ -133,6 +137,22 @@ def write_config(svc: Services, root: Path, **overrides: str) -> Path:
     path = root / f"{name}.env"
     path.write_text("".join(f"PAPERLANE_{k}={v}\n" for k, v in values.items()))
     return path
+
+
+@dataclass
+class Producer:
+    """What submitting pages through the real producer needs: the database (migrated), the store, the broker."""
+
+    db: Database
+    store: ObjectStore
+    publisher: CeleryPublisher
+
+    @classmethod
+    def open(cls, config: Path) -> Producer:
+        settings = load_settings(config)
+        db = Database(settings.database_url)
+        db.upgrade()
+        return cls(db, open_store(settings), CeleryPublisher(make_celery(settings)))
 
 
 PAPERLANE = [sys.executable, "-m", "paperlane"]

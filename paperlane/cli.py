@@ -216,6 +216,8 @@ def submit(
     force: ForceOpt = False,
     name: Annotated[str | None, typer.Option("--name", help="the ingest's name (default: the paths)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object per page instead of bare job ids")] = False,
+    weight: Annotated[float, typer.Option("--weight", help="the ingest's share beside the other ingests waiting "
+                                          "in its lane (fair share; 2: twice an ingest of weight 1)")] = 1.0,
 ) -> None:
     """Register an ingest: upload its documents, one job per page, queue them; print one job id per page.
 
@@ -234,7 +236,7 @@ def submit(
     db.upgrade()
     store = open_store(settings)
     submitter = Submitter(db=db, store=store, spec=spec, lane=lane, priority=priority, force=force,
-                          publisher=CeleryPublisher(make_celery(settings)), limits=settings.ingest)
+                          publisher=CeleryPublisher(make_celery(settings)), limits=settings.ingest, weight=weight)
     sources = [p if p.startswith("s3://") else str(Path(p).resolve()) for p in paths]
     items = expand(paths, settings.ingest, s3=_s3_client(settings) if len(local) < len(paths) else None)
     with _progress(enabled=err.is_terminal) as bar, _resumable(submitter):
@@ -309,7 +311,8 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Status: of jobs (their attempts, error, stage timings, results), or the progress of an ingest or a
-    document (pages queued / running / succeeded / failed, pages/s, time left, failures by reason)."""
+    document (pages queued / running / succeeded / failed, pages/s, time left, failures by reason; an ingest's
+    share of the engine now and the time it needs at that share)."""
     from paperlane.storage import ingests, views
     from paperlane.storage import jobs as jobstore
     from paperlane.storage.db import Database
@@ -318,7 +321,7 @@ def status(
     settings = _settings()
     db = Database(settings.database_url)
     if ingest or document:
-        view = (views.ingest_view(*ingests.ingest_progress(db, ingest)) if ingest
+        view = (_ingest_view(settings, db, ingest) if ingest
                 else views.document_view(*ingests.document_progress(db, document or "")))
         if as_json:
             print(json.dumps(view, indent=1))
@@ -339,6 +342,23 @@ def status(
         for v in shown:
             _print_job(v)
     raise typer.Exit(1 if any(v["status"] in (None, PageState.FAILED.value) for v in shown) else 0)
+
+
+def _ingest_view(settings: Settings, db: Any, ingest_id: str) -> dict[str, Any]:
+    """The ingest's view, with its share of the engine read from Redis while its pages are not all final."""
+    from paperlane.priority.connection import open_redis
+    from paperlane.priority.fair import FairLanes
+    from paperlane.storage import ingests, views
+
+    row, progress, failures = ingests.ingest_progress(db, ingest_id)
+    share = None
+    if not progress.done and settings.fair_share.enabled:
+        client = open_redis(settings.redis)
+        try:
+            share = FairLanes(client, buffer=settings.fair_share.buffer).share_or_none(row.lane, row.tenant_id, row.id)
+        finally:
+            client.close()
+    return views.ingest_view(row, progress, failures, share=share)
 
 
 def _print_progress(v: dict[str, Any]) -> None:
@@ -362,6 +382,9 @@ def _print_progress(v: dict[str, Any]) -> None:
     if v.get("pages_per_s"):
         eta = f", about {_duration(v['eta_s'])} left" if v["eta_s"] and not state.final else ""
         out.print(f"  {v['pages_per_s']:.1f} pages/s{eta}")
+    if v.get("share") is not None:
+        left = f", about {_duration(v['share_eta_s'])} left at that share" if v.get("share_eta_s") else ""
+        out.print(f"  {v['share'] * 100:.1f}% of the engine now{left}")
     for f in v["failures"]:
         out.print(f"  [red]{f['pages']:>6}[/] {_shown(f['reason'])}", highlight=False)
 
@@ -588,6 +611,125 @@ def _s3_prefix(source: str) -> tuple[str, str]:
     if any(part in (".", "..") for part in prefix.split("/")):
         raise UsageError("a prefix may not hold . or .. as a path segment")
     return bucket, prefix
+
+
+tenants_app = typer.Typer(help="Tenants' fair-share weights and budgets.", no_args_is_help=True)
+app.add_typer(tenants_app, name="tenants")
+
+
+def _budget(value: str | None, what: str) -> dict[str, int | None]:
+    """A budget option: a number of pages, or ``none`` to remove it; nothing given changes nothing."""
+    if value is None:
+        return {}
+    if value.strip().lower() in ("none", "unlimited", "default"):
+        return {what: None}
+    if not value.strip().isdigit():
+        raise UsageError(f"--{what.replace('_', '-')} takes a number of pages or 'none', got {value!r}")
+    return {what: int(value)}
+
+
+@tenants_app.command("set")
+def tenants_set(
+    tenant: Annotated[str, typer.Argument(help="the tenant's name")],
+    monthly_pages: Annotated[str | None, typer.Option("--monthly-pages", help="pages a calendar month (UTC); past "
+                                                      "it new uploads and ingests get 429; 'none': no budget")] = None,
+    in_flight: Annotated[str | None, typer.Option("--in-flight", help="pages not final at once; 'none': the "
+                                                  "setting api.max_pages_in_flight")] = None,
+    weight: Annotated[float | None, typer.Option("--weight", help="its share of each lane beside other tenants "
+                                                 "(default 1; 2: twice a tenant of weight 1)")] = None,
+) -> None:
+    """Set a tenant's fair-share weight and budgets; print them."""
+    from paperlane.storage import tenants
+    from paperlane.storage.db import Database
+
+    settings = _settings()
+    changes: dict[str, Any] = {**_budget(monthly_pages, "monthly_pages"), **_budget(in_flight, "max_pages_in_flight")}
+    if weight is not None:
+        changes["weight"] = weight
+    if not changes:
+        raise UsageError("give --monthly-pages, --in-flight or --weight")
+    db = Database(settings.database_url)
+    db.upgrade()
+    limits = tenants.set_limits(db, tenant, **changes)
+    if weight is not None and settings.fair_share.enabled:
+        _apply_weight(settings, limits.tenant_id, weight)
+    _print_tenants([limits], settings)
+
+
+def _apply_weight(settings: Settings, tenant_id: str, weight: float) -> None:
+    """A new weight counts at once for the pages the tenant has waiting (new pages carry it anyway)."""
+    from paperlane.priority.connection import open_redis
+    from paperlane.priority.fair import FairLanes
+
+    client = open_redis(settings.redis)
+    try:
+        FairLanes(client, buffer=settings.fair_share.buffer).set_weight(tenant_id, weight)
+    except Exception as exc:  # noqa: BLE001 - the database has it; waiting pages keep their old weight
+        err.print(f"weight saved; pages already waiting keep their old weight (Redis: {exc})", highlight=False)
+    finally:
+        client.close()
+
+
+@tenants_app.command("list")
+def tenants_list(tenant: Annotated[str | None, typer.Argument(help="one tenant's name")] = None) -> None:
+    """Tenants with their fair-share weight and budgets."""
+    from paperlane.storage import tenants
+    from paperlane.storage.db import Database
+
+    settings = _settings()
+    _print_tenants(tenants.limits(Database(settings.database_url), tenant), settings)
+
+
+def _print_tenants(rows: list[Any], settings: Settings) -> None:
+    table = Table("tenant", "weight", "monthly pages", "pages in flight")
+    for r in rows:
+        table.add_row(r.name, f"{r.weight:g}", "none" if r.monthly_pages is None else str(r.monthly_pages),
+                      f"{settings.api.max_pages_in_flight} (setting)" if r.max_pages_in_flight is None
+                      else str(r.max_pages_in_flight))
+    out.print(table)
+
+
+@app.command()
+def usage(
+    tenant: Annotated[str | None, typer.Option("--tenant", help="one tenant's name")] = None,
+    since: Annotated[str | None, typer.Option("--since", help="first day, YYYY-MM-DD (UTC; default: this "
+                                              "month's first)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """What each tenant used per day: pages by outcome, pages needing review, engine tokens and seconds."""
+    from datetime import date
+
+    from paperlane.storage import tenants
+    from paperlane.storage import usage as metered
+    from paperlane.storage.db import Database, utcnow
+
+    db = Database(_settings().database_url)
+    try:
+        start = date.fromisoformat(since) if since else metered.month_start(utcnow())
+    except ValueError:
+        raise UsageError(f"--since takes a date as YYYY-MM-DD, got {since!r}") from None
+    tenant_id = None
+    if tenant is not None:
+        found = tenants.limits(db, tenant)
+        if not found:
+            raise UsageError(f"no tenant {tenant!r}")
+        tenant_id = found[0].tenant_id
+    rows = metered.days(db, since=start, tenant_id=tenant_id)
+    if as_json:
+        print(json.dumps({"since": start.isoformat(), "days": [r.as_dict() for r in rows],
+                          "total": metered.totals(rows)}, indent=1))
+        return
+    table = Table("day", "tenant", "pages", JobStatus.SUCCEEDED.value, JobStatus.FAILED.value, "review",
+                  "prompt tokens", "completion tokens", "engine s")
+    for r in rows:
+        table.add_row(r.day.isoformat(), r.tenant or "(command line)", *(str(v) for v in (
+            r.pages, r.pages_succeeded, r.pages_failed, r.pages_review, r.prompt_tokens, r.completion_tokens)),
+            f"{r.engine_seconds:.1f}")
+    total = metered.totals(rows)
+    table.add_row("total", "", *(str(total[k]) for k in ("pages", "pages_succeeded", "pages_failed", "pages_review",
+                                                          "prompt_tokens", "completion_tokens")),
+                  f"{total['engine_seconds']:.1f}", style="bold")
+    out.print(table)
 
 
 def main() -> None:

@@ -34,6 +34,14 @@ PAGE_FLAGS = Counter("paperlane_page_flags", "pages stored with each quality fla
                      "fallback, truncated, empty, low_confidence)", ["flag"])
 PAGES_GRADED = Counter("paperlane_pages_graded", "pages stored with a quality grade, by whether they need review",
                        ["needs_review"])
+# Per tenant: the tenants with the most pages this month have a label of their own (metrics.tenant_labels), the
+# rest count as "other" (workers.exporter.TenantSeries); the usage table is the billing truth, per page.
+TENANT_PAGES = Counter("paperlane_tenant_pages", "jobs this worker finished for each tenant, by outcome",
+                       ["tenant", "outcome"])
+TENANT_TOKENS = Counter("paperlane_tenant_engine_tokens", "engine tokens spent on each tenant's pages by this worker "
+                        "(kind: prompt, completion)", ["tenant", "kind"])
+TENANT_ENGINE_SECONDS = Counter("paperlane_tenant_engine_seconds", "engine (inference) seconds spent on each "
+                                "tenant's pages by this worker", ["tenant"])
 
 
 def reason_label(reason: str | None) -> str:

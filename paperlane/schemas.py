@@ -44,6 +44,10 @@ class Stage(str, Enum):
 STAGES: tuple[Stage, ...] = tuple(Stage)
 
 
+# A tenant's or an ingest's weight in its lane's fair share (1: an equal share).
+MIN_WEIGHT, MAX_WEIGHT = 0.001, 1000.0
+
+
 class OutputFormat(str, Enum):
     """What a page or document can be written as."""
 

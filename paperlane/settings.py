@@ -314,12 +314,24 @@ class ApiSettings(BaseModel):
         return value
 
 
+class FairShareSettings(BaseModel):
+    """Weighted fair share within each lane, between tenants and then between a tenant's ingests
+    (``paperlane.priority.fair``). Producers and workers must agree on ``enabled``."""
+
+    enabled: bool = Field(True, description="pages wait by fair share; off: in the order they were queued (FIFO)")
+    buffer: int = Field(4, ge=1, le=1000, description="messages a lane's queue holds ready for workers; the rest "
+                        "wait by fair share, so a tenant that arrives waits behind at most this many (and what "
+                        "workers have prefetched) before its share starts")
+
+
 class MetricsSettings(BaseModel):
     """Prometheus metrics: the API serves them at /metrics; each worker process on its own port."""
 
     port: int | None = Field(None, ge=0, le=65535, description="worker /metrics port (docker compose: 9100); "
                              "0 picks a free one; unset: none")
     nvml: bool = Field(True, description="GPU memory, utilisation and temperature through NVML, when present")
+    tenant_labels: int = Field(20, ge=0, le=1000, description="tenants with a label of their own in the per-tenant "
+                               "series (those with the most pages this month); the others count as 'other'")
 
 
 class Settings(BaseSettings):
@@ -340,6 +352,7 @@ class Settings(BaseSettings):
     ingest: IngestSettings = Field(default_factory=IngestSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    fair_share: FairShareSettings = Field(default_factory=FairShareSettings)
     layout: LayoutSettings = Field(default_factory=LayoutSettings)
 
     @model_validator(mode="after")

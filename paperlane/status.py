@@ -119,6 +119,22 @@ class Progress:
                 PageState.FAILED.value: self.failed}
 
 
+@dataclass(frozen=True)
+class EngineShare:
+    """An ingest's share of the engine now: ``fraction`` of the pages started (its weights among those waiting
+    in its lane, times its lane's part of the starts of the last minute or two), and how many pages the engine
+    started per second over that time (None: none started)."""
+
+    fraction: float
+    pages_per_s: float | None
+
+    def eta_s(self, pages_left: int) -> float | None:
+        """Seconds until ``pages_left`` pages are done at this share (None: no rate known)."""
+        if not self.pages_per_s or self.fraction <= 0:
+            return None
+        return pages_left / (self.pages_per_s * self.fraction)
+
+
 # --- the same rules in SQL, for the operators' views --------------------------------------------------
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from celery import Celery
 
 from paperlane.priority import keys
+from paperlane.priority.fair import HEADER, Share
 from paperlane.priority.lanes import PRIORITY_STEPS, TASK_PROCESS_PAGE, Lane
 from paperlane.settings import Settings
 
@@ -27,6 +28,9 @@ def make_celery(settings: Settings) -> Celery:
         "visibility_timeout": settings.redis.visibility_timeout,
         # How often a worker looks for messages whose worker died (un-acked past the timeout).
         "unacked_restore_interval": min(10.0, max(1.0, settings.redis.visibility_timeout / 4)),
+        # Lane messages wait by fair share (priority.fair) behind a buffer of this many on the lane's lists.
+        "fair_share": settings.fair_share.enabled,
+        "fair_buffer": settings.fair_share.buffer,
     }
     app.conf.update(
         # kombu's Redis transport, checking each lane message before kombu reads it (priority.transport).
@@ -51,9 +55,12 @@ def make_celery(settings: Settings) -> Celery:
     return app
 
 
-def send_page(app: Celery, job_id: str, lane: Lane, message_priority: int, *, producer: Any = None) -> None:
-    """Publish one page's message on its lane's queue at its message priority (0 first).
+def send_page(app: Celery, job_id: str, lane: Lane, message_priority: int, *, share: Share | None = None,
+              producer: Any = None) -> None:
+    """Publish one page's message on its lane's queue at its message priority (0 first), waiting there by its
+    ``share`` (tenant, ingest, weights; default: the command line's).
 
     Raises kombu's OperationalError when the broker is unreachable (callers map it).
     """
-    app.send_task(TASK_PROCESS_PAGE, args=[job_id], queue=lane.queue, priority=message_priority, producer=producer)
+    app.send_task(TASK_PROCESS_PAGE, args=[job_id], queue=lane.queue, priority=message_priority, producer=producer,
+                  headers={HEADER: (share or Share()).header()})

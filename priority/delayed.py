@@ -6,14 +6,15 @@ retry policy (``paperlane.retry``) says how long; this module only keeps pages u
 
 - ``DelayedPages``: in Redis, for workers. A page that failed in a way a later try may fix waits out its
   backoff here: a sorted set scored by the time it is due (Redis server time, so workers' clocks may differ).
-  Its lane and message priority travel with it, so when it is due it goes back onto the same lane queue, at
-  the same priority, as a fresh message. Nothing is held in a worker's memory (no Celery countdown/ETA message,
-  which a worker keeps reserved outside the lanes, beyond the prefetch limit, and takes down with it): a worker
-  that dies leaves its delayed pages to the others. Every worker runs a ``RetryClock``
-  (``paperlane.workers.retry_clock``): it sleeps until the earliest due time it knows of and wakes when a worker
-  adds a page (a PUBLISH on ``keys.DELAYED_CHANNEL``). Claiming is atomic: a due page moves into a "releasing"
-  set in the same script that takes it, is published, then dropped from that set; one whose releaser died
-  half-way is put back after ``STALE_S``. The cost is a few commands per delayed page, nothing per unit of time.
+  Its lane, message priority and fair share travel with it, so when it is due it goes back onto the same lane
+  queue, at the same priority, behind the same tenant and ingest, as a fresh message. Nothing is held in a
+  worker's memory (no Celery countdown/ETA message, which a worker keeps reserved outside the lanes, beyond the
+  prefetch limit, and takes down with it): a worker that dies leaves its delayed pages to the others. Every
+  worker runs a ``RetryClock`` (``paperlane.workers.retry_clock``): it sleeps until the earliest due time it
+  knows of and wakes when a worker adds a page (a PUBLISH on ``keys.DELAYED_CHANNEL``). Claiming is atomic: a
+  due page moves into a "releasing" set in the same script that takes it, is published, then dropped from that
+  set; one whose releaser died half-way is put back after ``STALE_S``. The cost is a few commands per delayed
+  page, nothing per unit of time.
 - ``InMemoryDelayed``: in the process, for ``paperlane run``, whose pages live and die with it.
 """
 
@@ -29,6 +30,7 @@ import redis
 
 from paperlane.errors import StorageUnavailable
 from paperlane.priority import keys
+from paperlane.priority.fair import Share
 from paperlane.priority.lanes import Lane
 
 T = TypeVar("T")
@@ -96,15 +98,17 @@ class DelayedPage:
     job_id: str
     lane: Lane
     message_priority: int
+    share: Share | None = None  # None: the default share (the command line's)
 
     def member(self) -> str:
-        return f"{self.job_id} {self.lane.value} {self.message_priority}"
+        share = self.share.words() if self.share is not None else []
+        return " ".join([self.job_id, self.lane.value, str(self.message_priority), *share])
 
     @classmethod
     def parse(cls, member: str | bytes) -> DelayedPage:
-        text = member.decode() if isinstance(member, bytes) else member
-        job_id, lane, priority = text.split(" ")
-        return cls(job_id, Lane(lane), int(priority))
+        """A member as ``member`` writes it (or without a share, as pages delayed before fair share were)."""
+        job_id, lane, priority, *share = (member.decode() if isinstance(member, bytes) else member).split(" ")
+        return cls(job_id, Lane(lane), int(priority), Share.of_words(share) if share else None)
 
 
 class DelayedPages:

@@ -15,11 +15,23 @@ messages delivered but not yet acknowledged (``UNACKED``).
     paperlane.rate.<subject>           the API's requests in the last minute, per key, tenant and (failed
                                        authentications) client address: a sliding log   producer.api.limits
     paperlane.streams.<key>            a key's open event streams and long polls, each until it expires
+
+Fair share within a lane (``priority.fair``): the lane's queue above is a short buffer, and the pages waiting
+behind it are kept per tenant and ingest. Only tenants and ingests with pages waiting have keys.
+
+    paperlane.fair.<lane>                           tenants with pages waiting, by pass (sorted set)
+    paperlane.fair.<lane>.gone                      tenants that left ahead of the lane's virtual time, by pass
+    paperlane.fair.<lane>.state                     seq (messages put), held (messages waiting) (hash)
+    paperlane.fair.<lane>.weights                   <tenant> and <tenant>.<ingest> -> weight, while waiting (hash)
+    paperlane.fair.<lane>.tenant.<tenant>           a tenant's ingests with pages waiting, by pass (sorted set)
+    paperlane.fair.<lane>.ingest.<tenant>.<ingest>  an ingest's waiting messages by (priority, seq) (sorted set)
+    paperlane.fair.picks.<minute>                   pages moved to each lane's buffer that minute (hash, 3 min)
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 PRIORITY_SEP = ":"  # kombu's separator between a queue's name and a priority
 UNACKED = "unacked"  # kombu's Redis transport: messages delivered and not yet acknowledged
@@ -32,6 +44,9 @@ _ANSWER = "paperlane.answer."
 _RATE = "paperlane.rate."
 _STREAMS = "paperlane.streams."
 _QUEUE = "paperlane."
+_FAIR = "paperlane.fair."
+FAIR_PICKS = "paperlane.fair.picks."  # + the minute (unix time // 60), built inside priority.fair's scripts
+NO_TENANT = "-"  # the tenant (and ingest) name of pages that have none: the command line's
 
 
 def queue(lane: str) -> str:
@@ -56,3 +71,21 @@ def rate(subject: str) -> str:
 def streams(key_id: str) -> str:
     """The open streams of the API key ``key_id`` (a sorted set: stream -> when it lapses)."""
     return f"{_STREAMS}{key_id}"
+
+
+@dataclass(frozen=True)
+class FairKeys:
+    """The fair-share keys of one lane; a tenant's and an ingest's own sets are their prefix + the tenant id
+    (+ ``.`` + the ingest id), which the scripts append."""
+
+    tenants: str
+    gone: str
+    state: str
+    weights: str
+    tenant_prefix: str
+    ingest_prefix: str
+
+
+def fair(lane: str) -> FairKeys:
+    base = f"{_FAIR}{lane}"
+    return FairKeys(base, f"{base}.gone", f"{base}.state", f"{base}.weights", f"{base}.tenant.", f"{base}.ingest.")

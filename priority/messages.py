@@ -8,7 +8,8 @@ list (``priority.deadletter``) with the reason this module gives, and the worker
 
 The check accepts exactly what paperlane publishes in the fields kombu and Celery read before the
 task runs (envelope, properties, the headers they interpret, the body): one job id, as the only
-positional argument or as ``job_id``. Whether that job exists is the task's to find out.
+positional argument or as ``job_id``; and, when present, the page's fair share (``priority.fair``: tenant,
+ingest, weights), whose names become parts of Redis keys. Whether that job exists is the task's to find out.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from paperlane.priority import fair
 from paperlane.priority.lanes import PRIORITY_STEPS, TASK_PROCESS_PAGE
+from paperlane.schemas import MAX_WEIGHT, MIN_WEIGHT
 
 
 class BadMessage(ValueError):
@@ -47,9 +50,22 @@ class _Properties(_Strict):
     priority: int | None = Field(None, ge=PRIORITY_STEPS[0], le=PRIORITY_STEPS[-1])
 
 
+_NAME = r"^[A-Za-z0-9_-]{1,64}$"  # ids, uuids, or "-": nothing that could reach outside its key
+
+
+class _Share(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tenant: str = Field(pattern=_NAME)
+    ingest: str = Field(pattern=_NAME)
+    tenant_weight: float = Field(1.0, ge=MIN_WEIGHT, le=MAX_WEIGHT)
+    ingest_weight: float = Field(1.0, ge=MIN_WEIGHT, le=MAX_WEIGHT)
+
+
 class _Headers(_Strict):
     task: str
     id: str
+    share: _Share | None = Field(None, alias=fair.HEADER)
     # Celery holds a message with an ETA in the worker, outside the lanes and the prefetch limit;
     # paperlane's retries wait in Redis instead (priority.delayed), so a page message never has one.
     eta: None = None
@@ -94,6 +110,18 @@ def page_job_id(raw: bytes) -> str:
     except ValidationError as exc:
         raise BadMessage(_first_error("body [args, kwargs, embed]", exc)) from exc
     return _job_id(args, kwargs)
+
+
+def page_share(headers: dict[str, Any]) -> fair.Share:
+    """The fair share a message's headers give (the default share when they give none). Raises BadMessage."""
+    value = headers.get(fair.HEADER)
+    if value is None:
+        return fair.Share()
+    try:
+        share = _Share.model_validate(value)
+    except ValidationError as exc:
+        raise BadMessage(_first_error(f"headers.{fair.HEADER}", exc)) from exc
+    return fair.Share(share.tenant, share.ingest, share.tenant_weight, share.ingest_weight)
 
 
 def _job_id(args: list[Any], kwargs: dict[str, Any]) -> str:

@@ -1,9 +1,11 @@
-"""Which jobs have a message in Redis: on a lane's queue, un-acked by a worker, or delayed.
+"""Which jobs have a message in Redis: on a lane's queue, waiting by fair share behind it, un-acked by a worker, or
+delayed.
 
 Redis's queues are at-most-once at one point: a worker pops a message and then records it as un-acked;
 a worker killed between the two, or Redis going down between them, loses that message. The job stays
 ``queued`` with no message anywhere. Workers look for such jobs now and then (``workers.leases``):
-this module says which jobs Redis does hold, read in one pass while the queues are small enough to read.
+this module says which jobs Redis does hold, read in one pass (one script: a message moving from one place to
+another is seen once) while the queues are small enough to read.
 """
 
 from __future__ import annotations
@@ -13,34 +15,48 @@ from typing import Any
 
 import redis
 
-from paperlane.priority import keys
+from paperlane.priority import fair, keys
 from paperlane.priority.delayed import DelayedPage
 from paperlane.priority.lanes import Lane, broker_keys
 from paperlane.priority.messages import BadMessage, page_job_id
+
+# KEYS: unacked, delayed, releasing, then each lane's tenants set; ARGV: the lists, then per lane its tenant and
+# ingest prefixes. Returns {lane messages (queued and waiting by fair share), un-acked values, delayed, releasing}.
+_SNAPSHOT = fair.WAITING_LUA + """
+local lanes = #KEYS - 3
+local queued = {}
+for k = 1, #ARGV - 2 * lanes do
+  for _, m in ipairs(redis.call('LRANGE', ARGV[k], 0, -1)) do queued[#queued + 1] = m end
+end
+for l = 1, lanes do
+  waiting(KEYS[3 + l], ARGV[#ARGV - 2 * lanes + 2 * l - 1], ARGV[#ARGV - 2 * lanes + 2 * l], queued)
+end
+return {queued, redis.call('HVALS', KEYS[1]), redis.call('ZRANGE', KEYS[2], 0, -1),
+        redis.call('ZRANGE', KEYS[3], 0, -1)}
+"""
 
 
 def jobs_in_redis(client: redis.Redis, *, limit: int) -> set[str] | None:
     """Ids of the jobs with a message in Redis, or None when it holds more than ``limit`` (too many to read;
     a queue that long is being worked through anyway)."""
-    lanes = [key for lane in Lane for key in broker_keys(lane)]
+    lists = [key for lane in Lane for key in broker_keys(lane)]
     with client.pipeline(transaction=False) as pipe:
-        for key in lanes:
+        for key in lists:
             pipe.llen(key)
         pipe.hlen(keys.UNACKED)
         pipe.zcard(keys.DELAYED)
         pipe.zcard(keys.RELEASING)
+        for lane in Lane:
+            fair.held(pipe, lane)
         sizes = pipe.execute()
-    if sum(sizes) > limit:
+    if sum(fair.count(n) for n in sizes) > limit:
         return None
-    with client.pipeline(transaction=True) as pipe:  # one snapshot: a message moving is seen once
-        for key in lanes:
-            pipe.lrange(key, 0, -1)
-        pipe.hvals(keys.UNACKED)
-        pipe.zrange(keys.DELAYED, 0, -1)
-        pipe.zrange(keys.RELEASING, 0, -1)
-        *queued, unacked, delayed, releasing = pipe.execute()
+    structures = [fair.structure_keys(lane) for lane in Lane]
+    queued, unacked, delayed, releasing = client.eval(
+        _SNAPSHOT, 3 + len(structures), keys.UNACKED, keys.DELAYED, keys.RELEASING, *(s[0] for s in structures),
+        *lists, *(prefix for s in structures for prefix in s[1:]))
     found: set[str] = set()
-    for raw in (m for messages in queued for m in messages):
+    for raw in queued:
         _add(found, raw)
     for value in unacked:
         try:

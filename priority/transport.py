@@ -8,6 +8,12 @@ with its reason, and kombu is told nothing arrived (an empty pop, as when a bloc
 so the consumer simply asks for the next message. Messages of other queues (Celery's replies to
 ``celery inspect``) pass as they are.
 
+Fair share (``priority.fair``): a page message published to a lane queue does not go onto the lane's list
+(kombu's LPUSH) but into the lane's fair-share structure, whose script refills the list, now a short buffer;
+after each lane message a worker pops, it refills the buffer by one (on a pooled connection, not the one waiting
+on BRPOP). Transport options ``fair_share`` (on) and ``fair_buffer`` (the buffer's size) come from the settings.
+The size and purge of a lane queue (``celery inspect``, ``celery purge``) count the structure too.
+
 ``priority.broker.make_celery`` selects this transport for paperlane's Celery app, the producer's and
 the workers' alike; the queues, keys and priorities are kombu's Redis layout, unchanged.
 """
@@ -21,22 +27,26 @@ from typing import Any
 
 import redis
 from kombu.transport import redis as kombu_redis
+from kombu.utils.json import dumps
 
+from paperlane.priority import fair
 from paperlane.priority.deadletter import DeadLetters
 from paperlane.priority.lanes import Lane
-from paperlane.priority.messages import BadMessage, page_job_id
+from paperlane.priority.messages import BadMessage, page_job_id, page_share
 
 log = logging.getLogger(__name__)
 
 SetAside = Callable[[str, bytes, str], None]  # (key, message, reason)
+Popped = Callable[[Lane], None]
 
 
 class _LaneCheckingRedis(redis.Redis):
     """The channel's Redis client: a message popped (BRPOP) off a lane queue is checked before kombu sees it."""
 
-    def __init__(self, *args: Any, set_aside: SetAside, sep: str, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, set_aside: SetAside, popped: Popped, sep: str, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._set_aside = set_aside
+        self._popped = popped
         self._sep = sep
 
     def parse_response(self, connection: Any, command_name: str | bytes, **options: Any) -> Any:
@@ -45,8 +55,10 @@ class _LaneCheckingRedis(redis.Redis):
             return response
         key, raw = response
         key = key.decode() if isinstance(key, bytes) else key
-        if Lane.of_queue(key.rsplit(self._sep, 1)[0]) is None:
+        lane = Lane.of_queue(key.rsplit(self._sep, 1)[0])
+        if lane is None:
             return response
+        self._popped(lane)
         try:
             page_job_id(raw)
         except BadMessage as exc:
@@ -56,9 +68,67 @@ class _LaneCheckingRedis(redis.Redis):
 
 
 class Channel(kombu_redis.Channel):
+    fair_share = True
+    fair_buffer = 4
+    from_transport_options = (*kombu_redis.Channel.from_transport_options, "fair_share", "fair_buffer")  # type: ignore[assignment]
+    # A batch would buffer kombu's LPUSH commands; a lane message runs a script instead (published one by one).
+    supports_batch_publish = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._fair: fair.FairLanes | None = None
+
+    @property
+    def lanes(self) -> fair.FairLanes:
+        """The fair-share scripts (registered on first use)."""
+        if self._fair is None:
+            with self.conn_or_acquire() as client:
+                self._fair = fair.FairLanes(client, buffer=int(self.fair_buffer))
+        return self._fair
+
     def _get_client(self) -> Any:
         super()._get_client()  # kombu's check of the redis-py version (paperlane sets no global_keyprefix)
-        return functools.partial(_LaneCheckingRedis, set_aside=self._set_aside, sep=self.sep)
+        return functools.partial(_LaneCheckingRedis, set_aside=self._set_aside, popped=self._popped, sep=self.sep)
+
+    def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
+        lane = Lane.of_queue(queue)
+        if lane is None or not self.fair_share:
+            super()._put(queue, message, **kwargs)
+            return
+        share = page_share(message.get("headers") or {})
+        # A lane's messages keep to its priorities: a batch message cannot claim an interactive one.
+        own = fair.lane_priorities(lane)
+        priority = min(max(self._get_message_priority(message, reverse=False), own[0]), own[-1])
+        with self.conn_or_acquire() as client:
+            self.lanes.put(lane, dumps(message), priority, share, client=client)
+
+    def _popped(self, lane: Lane) -> None:
+        """A message of ``lane`` left its buffer: move the next one in by fair share."""
+        if not self.fair_share:
+            return
+        try:
+            with self.conn_or_acquire() as client:
+                self.lanes.refill(lane, client=client)
+        except redis.RedisError as exc:  # the consumer notices a broken broker on its own; the sweep refills
+            log.warning("fair share: refill of %s failed: %s", lane.value, exc)
+
+    def _size(self, queue: str) -> int:
+        size = int(super()._size(queue))
+        lane = Lane.of_queue(queue)
+        if lane is None:
+            return size
+        with self.conn_or_acquire() as client:
+            pipe = client.pipeline(transaction=False)
+            fair.held(pipe, lane)
+            return size + fair.count(pipe.execute()[0])
+
+    def _purge(self, queue: str) -> int:
+        purged = int(super()._purge(queue))
+        lane = Lane.of_queue(queue)
+        if lane is None:
+            return purged
+        with self.conn_or_acquire() as client:
+            return purged + self.lanes.purge(lane, client=client)
 
     def _set_aside(self, key: str, raw: bytes, reason: str) -> None:
         queue = key.rsplit(self.sep, 1)[0]

@@ -15,6 +15,9 @@ pages are all final when it is registered has its outputs due from that registra
 An API tenant's ingest reserves each document's pages from the tenant's budget (``PageBudget``) once they are
 counted and before the document is stored; a document with more pages than the whole budget is refused, and
 what was reserved and never registered (the submit stopped) is given back.
+
+Every message carries the ingest's fair share (its tenant, the tenant's weight, the ingest's weight), by which
+its page waits in its lane (``priority.fair``).
 """
 
 from __future__ import annotations
@@ -30,13 +33,14 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
-from paperlane.errors import InputError, OverBudget, public_reason
+from paperlane.errors import InputError, OverBudget, UsageError, public_reason
+from paperlane.priority.fair import Share
 from paperlane.priority.lanes import Lane, message_priority
 from paperlane.producer.inputs import Document, Skipped
-from paperlane.schemas import Stage, TaskSpec
+from paperlane.schemas import MAX_WEIGHT, MIN_WEIGHT, Stage, TaskSpec
 from paperlane.settings import IngestSettings
 from paperlane.status import JobStatus, PageState
-from paperlane.storage import ingests
+from paperlane.storage import ingests, tenants
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database, utcnow
 from paperlane.storage.ingests import NewDocument, NewPage
@@ -61,6 +65,7 @@ class Work:
     job_id: str
     lane: Lane
     message_priority: int
+    share: Share | None = None  # whose page it is, for fair share (None: the command line's)
 
 
 class SubmitAction(str, Enum):
@@ -147,8 +152,12 @@ class Submitter:
                  priority: int = 0, force: bool = False, publisher: Publisher | None = None,
                  limits: IngestSettings | None = None, resume: bool = True, chunk_pages: int = CHUNK_PAGES,
                  owner: ingests.Owner | None = None, uploads: ThreadPoolExecutor | None = None,
-                 pages: PageBudget | None = None) -> None:
+                 pages: PageBudget | None = None, weight: float = 1.0) -> None:
+        if not MIN_WEIGHT <= weight <= MAX_WEIGHT:
+            raise UsageError(f"an ingest's weight is between {MIN_WEIGHT:g} and {MAX_WEIGHT:g}, got {weight:g}")
         self.db, self.store, self.spec, self.lane, self.force = db, store, spec, lane, force
+        self.weight = weight
+        self.share = Share()
         self.owner = owner or ingests.Owner()
         self.message_priority = message_priority(lane, priority)
         self.task_options = spec.model_dump(mode="json", exclude={"task"})
@@ -190,8 +199,10 @@ class Submitter:
         key = ingests.ingest_key(name=name, sources=sources, lane=self.lane.value, task_key=self.spec.cache_key())
         ingest, resumed = ingests.open_ingest(self.db, key=key, name=name, lane=self.lane.value,
                                               task=self.spec.task.value, task_options=self.task_options,
-                                              owner=self.owner)
+                                              owner=self.owner, weight=self.weight)
         self.summary.ingest_id, self.summary.resumed = ingest.id, resumed
+        self.share = Share.of(self.owner.tenant_id, ingest.id, tenants.weight_of(self.db, self.owner.tenant_id),
+                              ingest.weight)
         return ingest.id
 
     def _chunks(self, ingest_id: str, items: Iterable[Document | Skipped],
@@ -343,7 +354,7 @@ class Submitter:
             else:
                 actions[job_id] = (SubmitAction.EXISTS, status)
         if self.publisher is not None and publish:
-            self.publisher.publish([Work(j, self.lane, self.message_priority) for j in publish])
+            self.publisher.publish([Work(j, self.lane, self.message_priority, self.share) for j in publish])
             jobstore.mark_enqueued(self.db, publish)
         return actions
 
@@ -354,7 +365,8 @@ class Submitter:
         work = ingests.unpublished_work(self.db, ingest_id)
         for i in range(0, len(work), self.chunk_pages):
             part = work[i:i + self.chunk_pages]
-            self.publisher.publish([Work(job_id, Lane(lane), msg_priority) for job_id, lane, msg_priority in part])
+            self.publisher.publish([Work(job_id, Lane(lane), msg_priority, self.share)
+                                    for job_id, lane, msg_priority in part])
             jobstore.mark_enqueued(self.db, [job_id for job_id, _, _ in part])
 
 
@@ -373,16 +385,17 @@ class CeleryPublisher:
         try:
             with self._app.producer_or_acquire() as producer:
                 for w in work:
-                    send_page(self._app, w.job_id, w.lane, w.message_priority, producer=producer)
+                    send_page(self._app, w.job_id, w.lane, w.message_priority, share=w.share, producer=producer)
         except OperationalError as exc:
             raise StorageUnavailable(f"broker unreachable: {exc}", stage=Stage.UPLOAD.value) from exc
 
 
 def submit_documents(documents: Iterable[Document], *, db: Database, store: ObjectStore, spec: TaskSpec,
                      lane: Lane = Lane.BATCH, priority: int = 0, force: bool = False,
-                     publisher: Publisher | None = None, name: str | None = None) -> list[SubmittedPage]:
+                     publisher: Publisher | None = None, name: str | None = None,
+                     owner: ingests.Owner | None = None, weight: float = 1.0) -> list[SubmittedPage]:
     """Register ``documents`` as one new ingest and return their pages (for callers with a few documents)."""
     submitter = Submitter(db=db, store=store, spec=spec, lane=lane, priority=priority, force=force,
-                          publisher=publisher)
+                          publisher=publisher, owner=owner, weight=weight)
     name = name or f"submit {uuid.uuid4()}"
     return [p for p in submitter.submit(documents, name=name, sources=[]) if isinstance(p, SubmittedPage)]

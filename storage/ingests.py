@@ -8,7 +8,8 @@ resumed ingest does, adds nothing.
 
 The counts on ingests and documents move in the same transaction as the job state they count:
 ``rollup`` when a job becomes final (or stops being final), and registration for a page whose job
-was final before the page existed. Registration reads those jobs' status ``FOR SHARE`` (PostgreSQL),
+was final before the page existed. Each tenant's usage (``storage.usage``) moves with them, in the same
+transaction. Registration reads those jobs' status ``FOR SHARE`` (PostgreSQL),
 so a job that finishes meanwhile is counted exactly once: by whichever transaction comes second.
 
 So does a tenant's count of pages in flight (``storage.tenants``): registration keeps what was reserved for
@@ -32,7 +33,7 @@ from sqlalchemy.orm import Session
 
 from paperlane.errors import DocumentNotFound, IngestNotFound, PageNotFound
 from paperlane.status import JobStatus, OutputsState, Progress
-from paperlane.storage import webhooks
+from paperlane.storage import usage, webhooks
 from paperlane.storage.db import Database, as_utc, get_row, utcnow
 from paperlane.storage.tables import DocumentRow, IngestFailureRow, IngestRow, JobRow, PageRow, TenantRow
 
@@ -68,8 +69,9 @@ def ingest_key(*, name: str, sources: Sequence[str], lane: str, task_key: str) -
 
 
 def open_ingest(db: Database, *, key: str, name: str, lane: str, task: str, task_options: dict,
-                owner: Owner | None = None) -> tuple[IngestRow, bool]:
-    """The unfinished ingest with this key (an interrupted submit of the same thing), or a new one.
+                owner: Owner | None = None, weight: float = 1.0) -> tuple[IngestRow, bool]:
+    """The unfinished ingest with this key (an interrupted submit of the same thing), or a new one (with
+    ``weight`` in its tenant's fair share).
 
     Returns (ingest, resumed)."""
     owner = owner or Owner()
@@ -81,7 +83,7 @@ def open_ingest(db: Database, *, key: str, name: str, lane: str, task: str, task
         row = IngestRow(id=str(uuid.uuid4()), ingest_key=key, name=name, lane=lane, task=task,
                         task_options=task_options, documents_total=0, pages_total=0, pages_succeeded=0,
                         pages_failed=0, skipped=0, created_at=utcnow(), tenant_id=owner.tenant_id,
-                        api_key_id=owner.api_key_id, callback_url=owner.callback_url)
+                        api_key_id=owner.api_key_id, callback_url=owner.callback_url, weight=weight)
         s.add(row)
     return row, False
 
@@ -238,8 +240,11 @@ def _count_new(s: Session, ingest_id: str, documents: list[NewDocument], pages: 
     if succeeded + failed:
         values.update(first_done_at=func.coalesce(_INGESTS.c.first_done_at, now), last_done_at=now)
     values["finished_at"] = _finished_at(_INGESTS.c.pages_succeeded + _INGESTS.c.pages_failed + succeeded + failed, now)
-    _finished(s, s.execute(update(_INGESTS).where(_INGESTS.c.id == ingest_id).values(**values).returning(*_FINISHED)),
-              now)
+    finished = s.execute(update(_INGESTS).where(_INGESTS.c.id == ingest_id).values(**values).returning(*_FINISHED))
+    _finished(s, finished, now)
+    if succeeded + failed:  # pages new to the ingest whose job was final already count now (a job reused)
+        tenant_id = s.scalar(select(_INGESTS.c.tenant_id).where(_INGESTS.c.id == ingest_id))
+        usage.add(s, tenant_id, now, pages_succeeded=succeeded, pages_failed=failed, pages_review=sum(review.values()))
     done = [d.id for d in documents if d.id in out.new_documents
             and sum(final.get(d.id, Counter()).values()) >= d.pages_total]
     if done:
@@ -268,11 +273,11 @@ def outputs_due(done: Any) -> dict[str, Any]:
 
 
 def rollup(s: Session, job_id: str, *, succeeded: int, failed: int, now: datetime,
-           reason: str | None = None, review: int = 0) -> list[str]:
-    """Move every page of ``job_id`` in the counts of its documents and ingests by (succeeded, failed, needing
-    review), each -1, 0 or +1; ``reason``: the job's failure (the new one, or the one it leaves). Returns the
-    documents whose outputs this made due: those whose last page just became final, and finished ones whose
-    pages changed."""
+           reason: str | None = None, review: int = 0, work: usage.EngineWork | None = None) -> list[str]:
+    """Move every page of ``job_id`` in the counts of its documents and ingests, and in its tenant's usage, by
+    (succeeded, failed, needing review), each -1, 0 or +1; ``reason``: the job's failure (the new one, or the one it
+    leaves); ``work``: the engine work of its move into a final state. Returns the documents whose outputs this made
+    due: those whose last page just became final, and finished ones whose pages changed."""
     per_doc = (select(_PAGES.c.document_id, func.count().label("n")).where(_PAGES.c.job_id == job_id)
                .group_by(_PAGES.c.document_id).subquery())
     d = _DOCUMENTS.c
@@ -304,6 +309,7 @@ def rollup(s: Session, job_id: str, *, succeeded: int, failed: int, now: datetim
             _add_failures(s, ingest_id, reason or "unknown", failed * n)
     if succeeded + failed:
         _release(s, job_id, succeeded + failed)
+    usage.count(s, per_ingest, succeeded=succeeded, failed=failed, now=now, work=work)
     return [doc_id for doc_id, outputs in finished if outputs == OutputsState.PENDING.value]
 
 
@@ -478,6 +484,35 @@ def unpublished_work(db: Database, ingest_id: str) -> list[tuple[str, str, int]]
                          .where(j.status == JobStatus.QUEUED.value, j.enqueued_at.is_(None),
                                 _PAGES.c.ingest_id == ingest_id)).all()
     return [(r[0], r[1], int(r[2])) for r in rows]
+
+
+@dataclass(frozen=True)
+class Owned:
+    """Whose a job's pages are, for fair share: an ingest of it (the newest), its tenant, and their weights."""
+
+    tenant_id: str | None
+    ingest_id: str
+    tenant_weight: float
+    ingest_weight: float
+
+
+def owners(db: Database, job_ids: Sequence[str]) -> dict[str, Owned]:
+    """For each of ``job_ids`` with pages, the ingest its message goes behind (the newest that has it: a page
+    wanted again by a new ingest waits with that one) and the weights; one query."""
+    if not job_ids:
+        return {}
+    p, i = _PAGES.c, _INGESTS.c
+    t = TenantRow.__table__.c
+    newest = (select(p.job_id, func.max(i.created_at).label("at"))
+              .select_from(_PAGES.join(_INGESTS, i.id == p.ingest_id))
+              .where(p.job_id.in_(list(job_ids))).group_by(p.job_id).subquery())
+    query = (select(p.job_id, i.id, i.tenant_id, func.coalesce(t.weight, 1.0), i.weight)
+             .select_from(_PAGES.join(_INGESTS, i.id == p.ingest_id)
+                          .join(newest, (newest.c.job_id == p.job_id) & (newest.c.at == i.created_at))
+                          .outerjoin(TenantRow.__table__, t.id == i.tenant_id)))
+    with db.session() as s:
+        return {job_id: Owned(tenant_id, ingest_id, float(tw), float(iw or 1.0))
+                for job_id, ingest_id, tenant_id, tw, iw in s.execute(query)}
 
 
 def registered_sources(db: Database, ingest_id: str) -> set[str]:

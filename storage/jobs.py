@@ -20,6 +20,7 @@ from paperlane.status import JobStatus
 from paperlane.storage import ingests
 from paperlane.storage.db import Database, as_utc, get_row, utcnow
 from paperlane.storage.tables import JobRow, ResultRow
+from paperlane.storage.usage import EngineWork
 
 STAGE_COLUMNS: dict[Stage, str] = {stage: f"{stage.value}_s" for stage in Stage}
 
@@ -163,13 +164,14 @@ _UPSERT_RESULT = {"postgresql": _upsert(postgresql.insert(_RESULTS)), "sqlite": 
 
 
 def finish_failed(db: Database, job_id: str, reason: str, stage: str | None,
-                  timings: dict[str, float] | None = None) -> list[str]:
-    """Fail the job (a succeeded job stays succeeded). Returns the documents whose last page this was."""
+                  timings: dict[str, float] | None = None, *, work: EngineWork | None = None) -> list[str]:
+    """Fail the job (a succeeded job stays succeeded); ``work``: what the engine spent on it, when it got that far
+    (metered with the failure). Returns the documents whose last page this was."""
     now = utcnow()
     params = {"job": job_id, "reason": reason, "stage": stage, "finished": now, **_timing_values(timings or {})}
     with db.session() as s:
         if s.execute(_FAILED, {**params, "from": _LIVE}).rowcount:
-            return ingests.rollup(s, job_id, succeeded=0, failed=1, now=now, reason=reason)
+            return ingests.rollup(s, job_id, succeeded=0, failed=1, now=now, reason=reason, work=work)
         before = s.scalar(_ERROR_IF_FAILED, {"job": job_id})
         if before is None or before == reason:
             return []
@@ -181,8 +183,9 @@ def finish_failed(db: Database, job_id: str, reason: str, stage: str | None,
 
 def finish_succeeded(db: Database, job: JobRow, result: PageResult, *, engine: str,
                      result_key: str, annotated_key: str | None, timings: dict[str, float]) -> list[str]:
-    """Write the job's success and its results-index row in one transaction (the index row is inserted
-    or, for a job done again, replaced in one statement). Returns the documents whose last page this was."""
+    """Write the job's success, its results-index row and its tenant's usage in one transaction (the index row is
+    inserted or, for a job done again, replaced in one statement; a job done again is not metered again). Returns
+    the documents whose last page this was."""
     confidences = [ln.confidence for ln in result.lines if ln.confidence is not None]
     now = utcnow()
     row = dict(
@@ -195,13 +198,15 @@ def finish_succeeded(db: Database, job: JobRow, result: PageResult, *, engine: s
               "finished": now, "review": review, "flags": ",".join(f.value for f in quality.flags) if quality else None,
               "confidence": quality.confidence if quality else None, **_timing_values(timings)}
     finished: list[str] = []
+    work = EngineWork.of(result, timings)
     with db.session() as s:
         if s.execute(_SUCCEEDED, {**params, "from": _LIVE}).rowcount:
-            finished = ingests.rollup(s, job.id, succeeded=1, failed=0, now=now, review=int(review))
+            finished = ingests.rollup(s, job.id, succeeded=1, failed=0, now=now, review=int(review), work=work)
         elif (error := s.scalar(_ERROR_IF_FAILED, {"job": job.id})) is not None:
             s.execute(_SUCCEEDED, {**params, "from": [JobStatus.FAILED.value]})
-            finished = ingests.rollup(s, job.id, succeeded=1, failed=-1, now=now, reason=error, review=int(review))
-        else:  # done before: this result replaces that one (and its grade, in the counts too)
+            finished = ingests.rollup(s, job.id, succeeded=1, failed=-1, now=now, reason=error, review=int(review),
+                                      work=work)
+        else:  # done before: this result replaces that one (and its grade, in the counts too; not metered again)
             before = bool(s.scalar(_REVIEW_IF_SUCCEEDED, {"job": job.id}))
             s.execute(_SUCCEEDED, {**params, "from": [JobStatus.SUCCEEDED.value]})
             if before != review:

@@ -7,6 +7,8 @@
                 by every page with those bytes; its status, attempts, readable error, result, and one
                 column per pipeline stage with its seconds ("where does the time go" is a SQL avg())
     results     the index of succeeded jobs
+    usage       per tenant and day: pages by outcome, engine tokens and seconds (written with each page's
+                final state, ``storage.usage``); the view ``tenant_usage`` names the tenants
 
 Counts on ingests and documents (pages_total/succeeded/failed) are kept by the writes that change
 a job's state, in the same transaction, so status at any level is one row read whatever the size;
@@ -17,11 +19,13 @@ queued and running are derived (running from the few running jobs). The views ``
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import date, datetime
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
+    Date,
     DateTime,
     Float,
     ForeignKey,
@@ -121,7 +125,8 @@ _DUE = "delivered_at IS NULL AND given_up_at IS NULL"
 class IngestRow(Base):
     __tablename__ = "ingests"
     __table_args__ = (Index("ix_ingests_ingest_key", "ingest_key"),
-                      Index("ix_ingests_key_open", "api_key_id", "finished_at"))
+                      Index("ix_ingests_key_open", "api_key_id", "finished_at"),
+                      Index("ix_ingests_tenant_open", "tenant_id", "finished_at"))
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     # sha256 of (name, sources, lane, task): an interrupted submit of the same thing resumes this ingest.
@@ -145,6 +150,8 @@ class IngestRow(Base):
     api_key_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
     callback_url: Mapped[str | None] = mapped_column(Text, nullable=True)  # POSTed when it finishes
     error: Mapped[str | None] = mapped_column(Text, nullable=True)  # why its registration stopped short
+    # Its share of its tenant's turns in the lane, beside the tenant's other ingests (priority.fair).
+    weight: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
 
 
 _OUTPUTS_DUE = "outputs = 'pending'"
@@ -226,6 +233,8 @@ class TenantRow(Base):
     # from atomically (storage.tenants.reserve_pages), released by the writes that make pages final.
     pages_in_flight: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     max_pages_in_flight: Mapped[int | None] = mapped_column(Integer, nullable=True)  # None: api.max_pages_in_flight
+    weight: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")  # its share of each lane
+    monthly_pages: Mapped[int | None] = mapped_column(Integer, nullable=True)  # None: no monthly budget
 
 
 class IngestGrantRow(Base):
@@ -238,6 +247,22 @@ class IngestGrantRow(Base):
     bucket: Mapped[str] = mapped_column(String(255), primary_key=True)
     prefix: Mapped[str] = mapped_column(String(1024), primary_key=True)
     created_at: Mapped[datetime] = mapped_column(_TS, server_default=func.now())
+
+
+class UsageRow(Base):
+    """What a tenant used in a day (UTC): its pages by outcome, as each page became final (a page counts once,
+    a job shared by several pages counts per page), and the engine work of the jobs that made them final."""
+
+    __tablename__ = "usage"
+
+    tenant_id: Mapped[str] = mapped_column(String(36), primary_key=True)  # "" for the command line's ingests
+    day: Mapped[date] = mapped_column(Date, primary_key=True)
+    pages_succeeded: Mapped[int] = mapped_column(Integer, default=0)
+    pages_failed: Mapped[int] = mapped_column(Integer, default=0)
+    pages_review: Mapped[int] = mapped_column(Integer, default=0)  # succeeded pages flagged for a person to check
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    engine_seconds: Mapped[float] = mapped_column(Float, default=0.0)
 
 
 class ApiKeyRow(Base):

@@ -6,19 +6,24 @@ its first characters to tell keys apart in lists. A tenant's webhook secret sign
 
 A tenant's pages in flight are a counter on its row: registration reserves a document's pages from it before
 they are stored (``PageBudget.reserve``: one conditional UPDATE, so parallel uploads cannot all pass), and the
-transactions that make pages final release them (``storage.ingests``).
+transactions that make pages final release them (``storage.ingests``). A tenant's limits (``paperlane tenants
+set``): its weight in each lane's fair share (1), a monthly page budget (none) and a pages-in-flight budget (none:
+the setting ``api.max_pages_in_flight``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import secrets
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import delete, func, select, update
 
 from paperlane.errors import OverBudget, TenantNotFound, UsageError
+from paperlane.schemas import MAX_WEIGHT, MIN_WEIGHT
 from paperlane.storage.db import Database, utcnow
 from paperlane.storage.tables import ApiKeyRow, IngestGrantRow, TenantRow
 
@@ -56,7 +61,7 @@ def create_key(db: Database, *, tenant: str, interactive: bool = False) -> NewKe
         created = row is None
         if row is None:
             row = TenantRow(id=str(uuid.uuid4()), name=tenant, webhook_secret=secrets.token_hex(32),
-                            created_at=utcnow())
+                            created_at=utcnow(), weight=1.0)
             s.add(row)
             s.flush()
         api_key = ApiKeyRow(id=str(uuid.uuid4()), tenant_id=row.id, key_hash=hash_key(key), prefix=key[:10],
@@ -222,3 +227,59 @@ def covers(grants: list[tuple[str, str]], bucket: str, prefix: str) -> bool:
 def may_ingest(db: Database, tenant_id: str, bucket: str, prefix: str) -> bool:
     """Whether a grant of ``tenant_id`` covers ``s3://bucket/prefix`` (``covers``)."""
     return covers(granted(db, tenant_id), bucket, prefix)
+@dataclass(frozen=True)
+class TenantLimits:
+    tenant_id: str
+    name: str
+    weight: float
+    monthly_pages: int | None  # None: no monthly budget
+    max_pages_in_flight: int | None  # None: the setting
+
+
+_LIMITS = ("weight", "monthly_pages", "max_pages_in_flight")
+
+
+def set_limits(db: Database, tenant: str, **changes: Any) -> TenantLimits:
+    """Change the named tenant's ``weight``, ``monthly_pages`` or ``max_pages_in_flight`` (None clears a budget);
+    its limits after. Raises TenantNotFound, UsageError for a value out of range."""
+    unknown = set(changes) - set(_LIMITS)
+    if unknown:
+        raise UsageError(f"not a tenant limit: {', '.join(sorted(unknown))}")
+    weight = changes.get("weight")
+    if "weight" in changes and (weight is None or not math.isfinite(weight)
+                                or not MIN_WEIGHT <= weight <= MAX_WEIGHT):
+        raise UsageError(f"a weight is between {MIN_WEIGHT:g} and {MAX_WEIGHT:g}, got {weight}")
+    for name in ("monthly_pages", "max_pages_in_flight"):
+        if changes.get(name) is not None and changes[name] < 0:
+            raise UsageError(f"{name.replace('_', ' ')} cannot be negative")
+    with db.session() as s:
+        row = s.scalars(select(TenantRow).where(TenantRow.name == tenant)).one_or_none()
+        if row is None:
+            raise TenantNotFound(tenant)
+        for name, value in changes.items():
+            setattr(row, name, value)
+        s.flush()
+        return _limits(row)
+
+
+def limits(db: Database, tenant: str | None = None) -> list[TenantLimits]:
+    """Every tenant's limits (or the named one's), by name."""
+    query = select(TenantRow).order_by(TenantRow.name)
+    if tenant is not None:
+        query = query.where(TenantRow.name == tenant)
+    with db.session() as s:
+        return [_limits(r) for r in s.scalars(query)]
+
+
+def weight_of(db: Database, tenant_id: str | None) -> float:
+    """The tenant's fair-share weight (1 for none: the command line)."""
+    if tenant_id is None:
+        return 1.0
+    with db.session() as s:
+        weight = s.scalar(select(TenantRow.weight).where(TenantRow.id == tenant_id))
+    return 1.0 if weight is None else float(weight)
+
+
+def _limits(row: TenantRow) -> TenantLimits:
+    return TenantLimits(row.id, row.name, float(row.weight if row.weight is not None else 1.0), row.monthly_pages,
+                        row.max_pages_in_flight)

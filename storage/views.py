@@ -9,15 +9,18 @@ from datetime import datetime
 from typing import Any
 
 from paperlane.schemas import OutputFormat, PageResult
-from paperlane.status import JobStatus, OutputsState, PageState, Progress, RollupState
+from paperlane.status import EngineShare, JobStatus, OutputsState, PageState, Progress, RollupState
 from paperlane.storage.ingests import ReviewPage
 from paperlane.storage.outputs import written_formats
 from paperlane.storage.tables import DocumentRow, IngestRow, JobRow
 
 
-def ingest_view(row: IngestRow, p: Progress, failures: list[tuple[str, int]]) -> dict[str, Any]:
-    """An ingest: its state, its pages by state, its speed and time left, its failures by reason, and why its
-    registration stopped short (``error``; an ingest that registered nothing for that reason has failed)."""
+def ingest_view(row: IngestRow, p: Progress, failures: list[tuple[str, int]], *,
+                share: EngineShare | None = None) -> dict[str, Any]:
+    """An ingest: its state, its pages by state, its speed and time left, its failures by reason, why its
+    registration stopped short (``error``; an ingest that registered nothing for that reason has failed), and its
+    share of the engine now with the time it needs at that share (``share``: none while none of its pages waits)."""
+    share_eta = share.eta_s(p.total - p.succeeded - p.failed) if share is not None else None
     state = p.state(registered=row.registered_at is not None)
     if row.error and p.total == 0:
         state = RollupState.FAILED
@@ -27,6 +30,8 @@ def ingest_view(row: IngestRow, p: Progress, failures: list[tuple[str, int]]) ->
         "needs_review": row.pages_review,
         "pages_per_s": round(p.pages_per_s, 2) if p.pages_per_s else None,
         "eta_s": round(p.eta_s, 1) if p.eta_s is not None else None,
+        "share": round(share.fraction, 4) if share is not None else None,
+        "share_eta_s": round(share_eta, 1) if share_eta is not None else None,
         "failures": _failures(failures), "created_at": _iso(row.created_at), "finished_at": _iso(row.finished_at),
     }
 

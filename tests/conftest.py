@@ -17,6 +17,8 @@ import psycopg2
 import pytest
 import redis
 
+from paperlane.priority.fair import FairLanes
+from paperlane.priority.lanes import Lane, broker_keys
 from paperlane.schemas import JobStatus
 from paperlane.settings import Settings, load_settings
 from paperlane.storage import jobs as jobstore
@@ -146,6 +148,11 @@ def wait_terminal(db: Database, job_ids: list[str], timeout: float = 180) -> dic
             return rows
         time.sleep(0.3)
     raise AssertionError(f"jobs not finished in {timeout}s: {[(r.id, r.status) for r in rows.values()]}")
+
+
+def lane_messages(client: redis.Redis, lane: Lane) -> list[bytes]:
+    """Every message waiting in ``lane``: on its lists (the buffer workers pop) and by fair share behind them."""
+    return [m for key in broker_keys(lane) for m in client.lrange(key, 0, -1)] + FairLanes(client).waiting(lane)
 
 
 def until(check: Callable[[], object], *, what: str = "condition", timeout: float = 60.0,

@@ -208,19 +208,19 @@ def test_documents_get_their_outputs_from_workers_and_an_s3_prefix_ingest(stack:
 
 
 def _queued_job_ids(stack: Stack) -> list[str]:
-    """The job ids of every page message waiting on the batch lane (one per message)."""
+    """The job ids of every page message waiting on the batch lane, on its lists or by fair share behind them (one
+    per message)."""
     import base64
 
     import redis
 
     from paperlane.priority.lanes import Lane
+    from tests.conftest import lane_messages
 
-    client = redis.Redis.from_url(stack.settings.redis.url)
     ids = []
-    for key in client.scan_iter(f"{Lane.BATCH.queue}*"):
-        for raw in client.lrange(key, 0, -1):
-            args, _, _ = json.loads(base64.b64decode(json.loads(raw)["body"]))
-            ids.append(args[0])
+    for raw in lane_messages(redis.Redis.from_url(stack.settings.redis.url), Lane.BATCH):
+        args, _, _ = json.loads(base64.b64decode(json.loads(raw)["body"]))
+        ids.append(args[0])
     return ids
 
 

@@ -47,6 +47,8 @@ def _garbage(envelope: dict) -> dict[str, tuple[bytes, str]]:
         "pickle": (_changed(envelope, lambda e: e.__setitem__("content-type", "application/x-python-serialize")),
                    "content-type"),
         "an ETA": (_changed(envelope, lambda e: e["headers"].__setitem__("eta", "2030-01-01T00:00:00")), "eta"),
+        "a share naming other keys": (_changed(envelope, lambda e: e["headers"].__setitem__(
+            "paperlane_share", {"tenant": "x.y *", "ingest": "i"})), "paperlane_share.tenant"),
     }
 
 

@@ -3,6 +3,7 @@ let a second worker finish: every page done exactly once, none left running or l
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import time
@@ -15,9 +16,9 @@ import redis
 
 from paperlane.priority import keys
 from paperlane.priority.delayed import DelayedPages
-from paperlane.priority.lanes import Lane, broker_keys
+from paperlane.priority.lanes import Lane
 from paperlane.priority.messages import page_job_id
-from tests.conftest import Stack, WorkerProcess, until
+from tests.conftest import Stack, WorkerProcess, lane_messages, until
 from tests.sim_engine import SimEngine, start_sim_engine
 from tests.test_scheduling import Producer
 
@@ -26,8 +27,7 @@ pytestmark = pytest.mark.slow
 
 def _lane_messages(stack: Stack, lane: Lane) -> list[str]:
     """The job ids of the messages waiting on ``lane``, sorted (a page twice would show twice)."""
-    broker = redis.Redis.from_url(stack.settings.redis.url)
-    return sorted(page_job_id(m) for key in broker_keys(lane) for m in broker.lrange(key, 0, -1))
+    return sorted(page_job_id(m) for m in lane_messages(redis.Redis.from_url(stack.settings.redis.url), lane))
 
 
 def _unacked(stack: Stack) -> int:
@@ -115,7 +115,10 @@ def test_pages_still_in_the_engine_when_the_grace_runs_out_are_handed_back(
     assert re.search(r"stopping: [1-9]\d* page\(s\) still in the engine handed back", first.output())
     # Back on their own lane at their own priority (interactive, level 1), once each.
     assert _lane_messages(stack, Lane.INTERACTIVE) == ids and not _lane_messages(stack, Lane.BATCH)
-    assert redis.Redis.from_url(stack.settings.redis.url).llen(f"{Lane.INTERACTIVE.queue}:1") == len(ids)
+    client = redis.Redis.from_url(stack.settings.redis.url)
+    # The lane's list for priority 1 holds as many as its buffer does; the rest wait by fair share, at priority 1.
+    assert client.llen(f"{Lane.INTERACTIVE.queue}:1") == min(len(ids), stack.settings.fair_share.buffer)
+    assert all(json.loads(m)["properties"]["priority"] == 1 for m in lane_messages(client, Lane.INTERACTIVE))
     assert _unacked(stack) == 0 and _delayed(stack) == 0
 
     engine = start_sim_engine(tmp_path / "engine", slots=4, latency=0.1)

@@ -17,6 +17,7 @@ from paperlane.metrics import PAGES, STAGE_SECONDS, reason_label
 from paperlane.retry import Action, Decision, RetryPolicy
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
+from paperlane.storage.usage import EngineWork
 from paperlane.workers.pipeline import PageOutcome
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,8 @@ def _settle(db: Database, outcome: PageOutcome, policy: RetryPolicy) -> Settled:
         log.warning("job %s attempt %d failed (%s); retry in %.1fs", job.id, job.attempts, decision.reason,
                     decision.delay)
         return Settled(decision)
-    finished = jobstore.finish_failed(db, job.id, decision.reason, stage, outcome.timings)
+    finished = jobstore.finish_failed(db, job.id, decision.reason, stage, outcome.timings,
+                                      work=EngineWork.of(outcome.result, outcome.timings))
     log.warning("job %s failed at %s: %s", job.id, stage or "?", decision.reason)
     return Settled(decision, tuple(finished))
 

@@ -1,15 +1,17 @@
 """A worker's /metrics endpoint: paperlane's series (``paperlane.metrics``), the lanes' queue depths, and the GPU
-through NVML when present.
+through NVML when present; and the per-tenant series' bounded labels (``TenantSeries``).
 
-Queue depths are read from Redis at scrape time (every priority list of each lane), so they are the
-broker's truth whichever worker is scraped. GPU series come from NVML (``nvidia-ml-py``): memory used and
-total, utilisation and temperature per device, so an operator sees memory pressure before an out-of-memory
-crash. Where no NVIDIA driver is found, those series are simply absent.
+Queue depths are read from Redis at scrape time (every priority list of each lane, and the pages waiting by
+fair share behind it), so they are the broker's truth whichever worker is scraped. GPU series come from NVML
+(``nvidia-ml-py``): memory used and total, utilisation and temperature per device, so an operator sees memory
+pressure before an out-of-memory crash. Where no NVIDIA driver is found, those series are simply absent.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,14 +20,18 @@ from prometheus_client import REGISTRY, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from paperlane.metrics import TENANT_ENGINE_SECONDS, TENANT_PAGES, TENANT_TOKENS
+from paperlane.priority import fair, keys
 from paperlane.priority.lanes import Lane, broker_keys
 from paperlane.settings import Settings
+from paperlane.storage import usage
+from paperlane.storage.db import Database, utcnow
 
 log = logging.getLogger(__name__)
 
 
 class QueueDepth(Collector):
-    """Messages waiting on each lane's queue, read from Redis when scraped."""
+    """Messages waiting in each lane (its queue and its fair-share structure), read from Redis when scraped."""
 
     def __init__(self, client: redis.Redis) -> None:
         self._redis = client
@@ -37,14 +43,63 @@ class QueueDepth(Collector):
                 for lane in Lane:
                     for key in broker_keys(lane):
                         pipe.llen(key)
-                counts = pipe.execute()
+                    fair.held(pipe, lane)
+                counts = [fair.count(n) for n in pipe.execute()]
         except redis.RedisError as exc:
             log.warning("queue depth: %s", exc)
             return
-        per_lane = len(broker_keys(Lane.BATCH))
+        per_lane = len(broker_keys(Lane.BATCH)) + 1
         for i, lane in enumerate(Lane):
             family.add_metric([lane.value], sum(counts[i * per_lane:(i + 1) * per_lane]))
         yield family
+
+
+OTHER = "other"
+
+
+class TenantSeries:
+    """The per-tenant counters, with at most ``labels`` tenants named: a tenant gets a label of its own once it is
+    among the ``labels`` tenants with the most pages this month (read from the usage table at most once a
+    ``refresh``) and keeps it for the life of the process; the others count as ``other``. Counts made under
+    ``other`` stay there, so every series only grows."""
+
+    def __init__(self, db: Database, *, labels: int, refresh: float = 60.0) -> None:
+        self._db, self._max, self._refresh = db, labels, refresh
+        self._named: dict[str, str] = {}  # tenant id -> its label, for good
+        self._top: dict[str, str] = {}
+        self._read_at = -refresh
+        self._lock = threading.Lock()
+
+    def label(self, tenant_id: str | None) -> str:
+        """The label ``tenant_id``'s pages count under (``-``: the command line's)."""
+        if not tenant_id or tenant_id == keys.NO_TENANT:
+            return keys.NO_TENANT
+        with self._lock:
+            if tenant_id not in self._named and len(self._named) < self._max:
+                self._read_top()
+                if tenant_id in self._top:
+                    self._named[tenant_id] = self._top[tenant_id]
+            return self._named.get(tenant_id, OTHER)
+
+    def _read_top(self) -> None:
+        if time.monotonic() - self._read_at < self._refresh:
+            return
+        self._read_at = time.monotonic()
+        try:
+            self._top = usage.top_tenants(self._db, since=usage.month_start(utcnow()), limit=self._max)
+        except Exception as exc:  # metrics never fail a page
+            log.warning("tenant labels: %s", exc)
+
+    def count(self, tenant_id: str | None, outcome: str, work: usage.EngineWork) -> None:
+        """A job finished for the tenant (``outcome``: succeeded or failed) with ``work`` spent on it."""
+        label = self.label(tenant_id)
+        TENANT_PAGES.labels(label, outcome).inc()
+        if work.prompt_tokens:
+            TENANT_TOKENS.labels(label, "prompt").inc(work.prompt_tokens)
+        if work.completion_tokens:
+            TENANT_TOKENS.labels(label, "completion").inc(work.completion_tokens)
+        if work.seconds:
+            TENANT_ENGINE_SECONDS.labels(label).inc(work.seconds)
 
 
 class Nvml(Collector):

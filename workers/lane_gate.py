@@ -20,6 +20,7 @@ from typing import Any
 import redis
 from celery.signals import task_received
 
+from paperlane.priority import fair
 from paperlane.priority.lanes import Lane, broker_keys
 from paperlane.priority.scheduler import LaneScheduler
 
@@ -49,7 +50,8 @@ class ConsumerLanes:
             pipe = self._redis.pipeline(transaction=False)
             for key in self._batch_keys:
                 pipe.llen(key)
-            return any(pipe.execute())
+            fair.held(pipe, Lane.BATCH)  # pages waiting by fair share behind the lane's buffer
+            return any(fair.count(n) for n in pipe.execute())
         except redis.RedisError:
             return False  # the consumer notices a broken broker on its own; never block interactive on it
 

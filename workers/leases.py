@@ -6,7 +6,10 @@ go, and taken back like a dead worker's. Then it takes back every page whose lea
 it, and puts it on its lane through the delayed set (due at once); a page whose attempts are used up is
 failed with the reason instead. Every ``worker.sweep_interval`` seconds (60) it also publishes queued pages
 whose message never went out (a producer or worker died in between), and queued pages whose message Redis
-lost (``priority.presence``).
+lost (``priority.presence``), and refills the lanes' buffers from their fair-share structures (a refill lost
+with a worker killed between its pop and its refill), or, with fair share off, moves whatever still waits there
+onto the lanes' lists. Pages it publishes go behind their ingest and tenant
+(``priority.fair``), read with them from the database.
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ import redis
 
 from paperlane.errors import StorageUnavailable
 from paperlane.priority.delayed import DelayedPage, DelayedPages
+from paperlane.priority.fair import FairLanes, Share
 from paperlane.priority.lanes import Lane
 from paperlane.priority.presence import jobs_in_redis
 from paperlane.retry import RetryPolicy
 from paperlane.settings import WorkerSettings
+from paperlane.storage import ingests, leases
 from paperlane.storage import jobs as jobstore
-from paperlane.storage import leases
 from paperlane.storage.db import Database, utcnow
 
 log = logging.getLogger(__name__)
@@ -37,8 +41,9 @@ _LOST_CHECK_LIMIT = 5000  # Redis is read whole for it only while it holds at mo
 
 class LeaseKeeper:
     def __init__(self, db: Database, delayed: DelayedPages, client: redis.Redis, cfg: WorkerSettings,
-                 policy: RetryPolicy, *, worker: str) -> None:
+                 policy: RetryPolicy, *, worker: str, fair: FairLanes | None = None, fair_share: bool = True) -> None:
         self.db, self.delayed, self.redis, self.cfg, self.policy, self.worker = db, delayed, client, cfg, policy, worker
+        self.fair, self.fair_share = fair or FairLanes(client), fair_share
         self._held: dict[str, float] = {}  # job id -> when this worker started it (monotonic)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -91,10 +96,19 @@ class LeaseKeeper:
             self.sweep()
 
     def sweep(self) -> None:
-        """Publish the queued pages without a message: never sent, or lost by Redis."""
+        """Publish the queued pages without a message: never sent, or lost by Redis; refill the lanes' buffers."""
         at = utcnow()
         self._publish(leases.unpublished(self.db, before=at - timedelta(seconds=_UNPUBLISHED_AFTER)))
         self._publish(self._lost(at))
+        try:
+            for lane in Lane:
+                if self.fair_share:
+                    self.fair.refill(lane)
+                elif moved := self.fair.drain(lane):
+                    log.warning("leases: fair share is off; %d pages waiting by fair share moved onto %s", moved,
+                                lane.queue)
+        except redis.RedisError as exc:
+            raise StorageUnavailable(f"redis: {exc}") from exc
 
     def _lost(self, at: datetime) -> list[tuple[str, str, int]]:
         """Queued pages whose message is nowhere in Redis (lost between a pop and its un-acked record, by a
@@ -114,6 +128,9 @@ class LeaseKeeper:
     def _publish(self, pages: list[tuple[str, str, int]]) -> None:
         if not pages:
             return
+        owned = ingests.owners(self.db, [job_id for job_id, _, _ in pages])
         for job_id, lane, message_priority in pages:
-            self.delayed.add(DelayedPage(job_id, Lane(lane), message_priority), 0)
+            o = owned.get(job_id)
+            share = Share.of(o.tenant_id, o.ingest_id, o.tenant_weight, o.ingest_weight) if o else None
+            self.delayed.add(DelayedPage(job_id, Lane(lane), message_priority, share), 0)
         jobstore.mark_enqueued(self.db, [job_id for job_id, _, _ in pages])

@@ -159,7 +159,7 @@ def _through_pipeline(rt: Runtime, job: JobRow, timings: dict[str, float]) -> Pa
     if prep.page is not None and kept is not None:
         log.info("job %s: the engine's answer from an earlier attempt is used", job.id)
         timings[Stage.INFERENCE.value] = kept.seconds or 0.0
-        return _finish(rt, job, spec, prep.page, kept, timings)
+        return _finish_or_fail(rt, job, spec, prep.page, kept, timings)
     if prep.page is None or pending is None:
         if prep.traceback:
             log.error("job %s: unexpected error while preprocessing\n%s", job.id, prep.traceback.rstrip())
@@ -173,7 +173,7 @@ def _through_pipeline(rt: Runtime, job: JobRow, timings: dict[str, float]) -> Pa
     if isinstance(outcome, EngineOutput):
         if rt.answers is not None:
             rt.answers.put(job.id, outcome)
-        return _finish(rt, job, spec, prep.page, outcome, timings)
+        return _finish_or_fail(rt, job, spec, prep.page, outcome, timings)
     if not isinstance(outcome, Exception):  # an engine broke its contract: say what it gave, not a traceback
         log.error("job %s: the engine returned %s, not a result", job.id, type(outcome).__name__)
         outcome = PaperlaneError(INTERNAL_REASON, stage=Stage.INFERENCE.value)
@@ -193,6 +193,18 @@ def _prepared(rt: Runtime, job: JobRow, *, urgent: bool) -> Prepared:
                                                  stage=Stage.PREPROCESS.value), 0.0)
     log.error("job %s crashed the preprocessing process twice", job.id)
     return Prepared(None, InputError("this page crashes the image decoder", stage="preprocess"), 0.0)
+
+
+def _finish_or_fail(rt: Runtime, job: JobRow, spec: TaskSpec, page: PreparedPage, output: EngineOutput,
+                    timings: dict[str, float]) -> PageOutcome:
+    """``_finish``, or the page's failed outcome carrying the engine's usage report: its work was spent, and a
+    page that fails for good is metered with it."""
+    try:
+        return _finish(rt, job, spec, page, output, timings)
+    except Exception as exc:
+        failed = _failed(job, _classified(job, exc, _stage_reached(timings)), timings)
+        failed.result.usage = output.usage
+        return failed
 
 
 def _finish(rt: Runtime, job: JobRow, spec: TaskSpec, page: PreparedPage, output: EngineOutput,

@@ -12,13 +12,14 @@ in one order, by one Celery bootstep, and closed in the reverse order once the l
     outputs     the outputs sweep: document outputs nobody is writing (thread)
     gate        the lane gate: which lanes the consumer takes pages from
     stopping    the graceful stop on SIGTERM (thread)
-    metrics     the /metrics server                                          last
+    metrics     the /metrics server, and the per-tenant series' labels       last
 
-The flow of one page: Redis hands its message to the consumer; the lane gate counts it as started; the task
+The flow of one page: Redis hands its message to the consumer (its lane's fair share picked it: ``priority.fair``;
+the message says whose page it is); the lane gate counts it as started; the task
 (``process_page``) starts an attempt under a lease (``jobs.start_attempt``), runs it through the pipeline
 (``pipeline.process_page``: fetch and prepare on the CPU pool, the engine in a micro-batch, post-process, store),
 settles it with the retry policy (``attempts.settle``: done, retried through the delayed set, failed, or handed
-back), and writes the outputs of any document it finished (``outputs.Writer``).
+back, behind the same tenant and ingest), and writes the outputs of any document it finished (``outputs.Writer``).
 """
 
 from __future__ import annotations
@@ -42,15 +43,19 @@ from paperlane.priority.broker import make_celery, send_page
 from paperlane.priority.connection import open_redis
 from paperlane.priority.deadletter import DeadLetters
 from paperlane.priority.delayed import DelayedPage, DelayedPages
+from paperlane.priority.fair import HEADER, FairLanes, Share
 from paperlane.priority.lanes import TASK_PROCESS_PAGE, Lane
+from paperlane.priority.messages import BadMessage, page_share
 from paperlane.priority.policy import LanePolicy
 from paperlane.priority.scheduler import LaneScheduler
 from paperlane.retry import Action, RetryPolicy
 from paperlane.settings import Settings
+from paperlane.status import JobStatus
 from paperlane.storage import jobs as jobstore
+from paperlane.storage.usage import EngineWork
 from paperlane.workers.answers import EngineAnswers
 from paperlane.workers.attempts import settle
-from paperlane.workers.exporter import MetricsServer
+from paperlane.workers.exporter import MetricsServer, TenantSeries
 from paperlane.workers.lane_gate import ConsumerLanes, LaneGate
 from paperlane.workers.leases import LeaseKeeper
 from paperlane.workers.outputs import OutputsSweep, Writer
@@ -89,8 +94,10 @@ class Worker:
             self.delayed = DelayedPages(self.redis)
             self.letters = DeadLetters(self.redis)
             self.clock = _started(stack, RetryClock(self.redis, self.delayed, self._publish))
+            fair = self.settings.fair_share
             self.leases = _started(stack, LeaseKeeper(self.runtime.db, self.delayed, self.redis, cfg, self.policy,
-                                                      worker=self.name))
+                                                      worker=self.name, fair=FairLanes(self.redis, buffer=fair.buffer),
+                                                      fair_share=fair.enabled))
             self.writer = Writer(self.runtime.db, self.runtime.store, self.policy, hold=cfg.page_timeout,
                                  max_pixels=cfg.max_image_pixels, formats=cfg.output_formats)
             _started(stack, OutputsSweep(self.writer, every=cfg.lease / 3))
@@ -102,6 +109,7 @@ class Worker:
             self.gate = _started(stack, LaneGate(self.scheduler, source))
             _started(stack, GracefulStop(self.runtime.batcher, grace=cfg.shutdown_grace))
             _started(stack, MetricsServer(self.settings, self.redis))
+            self.tenants = TenantSeries(self.runtime.db, labels=self.settings.metrics.tenant_labels)
             self._stack = stack.pop_all()
 
     def close(self) -> None:
@@ -111,7 +119,8 @@ class Worker:
     def _publish(self, pages: list[DelayedPage]) -> None:
         with self.app.producer_or_acquire() as producer:
             for page in pages:
-                send_page(self.app, page.job_id, page.lane, page.message_priority, producer=producer)
+                send_page(self.app, page.job_id, page.lane, page.message_priority, share=page.share,
+                          producer=producer)
 
     # -- the task ------------------------------------------------------------------------------------
 
@@ -122,27 +131,29 @@ class Worker:
         def process_page_task(self: Task, job_id: str) -> str:
             lane = _lane_of(self)
             try:
-                return worker.handle(str(job_id), lane, self.request.delivery_info or {})
+                return worker.handle(str(job_id), lane, self.request.delivery_info or {}, share=_share_of(self))
             finally:
                 worker.scheduler.finished(lane)
 
         self.app.steps["worker"].add(_parts_step(self))
         self.app.steps["consumer"].add(_gate_step(self))
 
-    def handle(self, job_id: str, lane: Lane, delivery: dict[str, Any]) -> str:
-        """One message: attempt its page and settle it (done, failed, or back on its lane later)."""
+    def handle(self, job_id: str, lane: Lane, delivery: dict[str, Any], *, share: Share | None = None) -> str:
+        """One message: attempt its page and settle it (done, failed, or back on its lane later, behind the same
+        ``share``)."""
         try:
-            return self._start_and_settle(job_id, lane)
+            return self._start_and_settle(job_id, lane, share)
         except StorageUnavailable as exc:
             # The database is unreachable: nothing about the page can be recorded, so the whole message goes
             # back to its lane later, its attempt not counted (processing a page twice is harmless).
             delay = self.policy.unrecorded_delay()
             priority = delivery.get("priority")
-            self._delay(DelayedPage(job_id, lane, lane.base_priority if priority is None else int(priority)), delay)
+            self._delay(DelayedPage(job_id, lane, lane.base_priority if priority is None else int(priority), share),
+                        delay)
             log.warning("job %s: %s; back on its lane in %.0fs", job_id, exc, delay)
             return Action.RETRY.value
 
-    def _start_and_settle(self, job_id: str, lane: Lane) -> str:
+    def _start_and_settle(self, job_id: str, lane: Lane, share: Share | None) -> str:
         rt, cfg = self.runtime, self.settings.worker
         try:
             job = jobstore.start_attempt(rt.db, job_id, policy=self.policy, worker=self.name, lease=cfg.lease)
@@ -155,12 +166,17 @@ class Worker:
             return "duplicate"
         self.leases.hold(job.id)
         try:
-            settled = settle(rt.db, process_page(rt, job), self.policy)
+            outcome = process_page(rt, job)
+            settled = settle(rt.db, outcome, self.policy)
         finally:
             self.leases.release(job.id)
         decision = settled.decision
+        if decision.action in (Action.DONE, Action.FAILED):
+            status = JobStatus.SUCCEEDED if decision.action is Action.DONE else JobStatus.FAILED
+            self.tenants.count(share.tenant if share else None, status.value,
+                               EngineWork.of(outcome.result, outcome.timings))
         if decision.action in (Action.RETRY, Action.HANDED_BACK):  # handed back: its worker is stopping, due now
-            self._delay(DelayedPage(job.id, Lane(job.lane), job.message_priority), decision.delay)
+            self._delay(DelayedPage(job.id, Lane(job.lane), job.message_priority, share), decision.delay)
         for document_id in settled.outputs_due:
             self.writer.write(document_id)
         return decision.action.value
@@ -184,6 +200,15 @@ def _started(stack: ExitStack, part: Any) -> Any:
     part.start()
     stack.callback(part.stop)
     return part
+
+
+def _share_of(task: Task) -> Share | None:
+    """The fair share the message's headers carry (Celery gives a message's headers as the request's attributes)."""
+    value = getattr(task.request, HEADER, None)
+    try:
+        return page_share({HEADER: value}) if value is not None else None
+    except BadMessage:
+        return None
 
 
 def _lane_of(task: Task) -> Lane:

@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from paperlane.metrics import API_REQUESTS, API_SECONDS
-from paperlane.producer.api import documents, errors, health, ingests, pages, web
+from paperlane.producer.api import documents, errors, health, ingests, pages, usage, web
 from paperlane.producer.api.guard import Guard
 from paperlane.producer.api.service import Service
 from paperlane.producer.webhooks import Dispatcher
@@ -44,7 +44,7 @@ def create_app(settings: Settings, *, webhooks: bool = True) -> FastAPI:
     errors.install(app)
     app.add_middleware(Guard)  # inside the measuring middleware: its refusals are counted too
     _measure(app)
-    for module in (health, web, documents, ingests, pages):
+    for module in (health, web, documents, ingests, pages, usage):
         app.include_router(module.router)
     return app
 

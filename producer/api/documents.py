@@ -26,7 +26,7 @@ from paperlane.producer.api.errors import ApiError, public
 from paperlane.producer.api.files import document_file
 from paperlane.producer.api.limits import retry_after
 from paperlane.producer.api.options import checked
-from paperlane.producer.api.service import CallerDep, Service, ServiceDep
+from paperlane.producer.api.service import CallerDep, Service, ServiceDep, check_budget
 from paperlane.schemas import OutputFormat
 from paperlane.status import OutputsState, RollupState
 from paperlane.storage import ingests, views
@@ -42,7 +42,8 @@ _UPLOAD_FORM = {"requestBody": {"content": {"multipart/form-data": {"schema": {
     "type": "object", "required": ["file"], "properties": {
         "file": {"type": "string", "format": "binary"}, "lane": {"type": "string"}, "task": {"type": "string"},
         "fields": {"type": "array", "items": {"type": "string"}}, "to": {"type": "string"},
-        "priority": {"type": "integer"}, "callback_url": {"type": "string"}, "name": {"type": "string"}}}}}}}
+        "priority": {"type": "integer"}, "callback_url": {"type": "string"}, "name": {"type": "string"},
+        "weight": {"type": "number"}}}}}}}
 
 
 @router.post("", status_code=202, openapi_extra=_UPLOAD_FORM)
@@ -51,6 +52,7 @@ async def post_document(request: Request, svc: ServiceDep, who: CallerDep) -> JS
     values, upload = await uploads.read_form(request)
     try:
         opts, spec = await svc.resolving(checked, values, who, svc.settings.api)  # resolves the callback host
+        await to_thread.run_sync(check_budget, svc, who)
         body = await to_thread.run_sync(uploads.register, svc, who, opts, spec, upload, limiter=svc.registration)
     finally:
         await upload.close()

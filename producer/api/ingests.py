@@ -25,7 +25,7 @@ from paperlane.producer import inputs
 from paperlane.producer.api.documents import wait_for_change
 from paperlane.producer.api.errors import ApiError, public
 from paperlane.producer.api.options import IngestRequest, checked
-from paperlane.producer.api.service import CallerDep, Service, ServiceDep, check_room
+from paperlane.producer.api.service import CallerDep, Service, ServiceDep, check_budget, check_room
 from paperlane.producer.submit import Submitter
 from paperlane.status import RollupState
 from paperlane.storage import ingests, tenants, views
@@ -47,10 +47,11 @@ async def post_ingest(req: IngestRequest, svc: ServiceDep, who: CallerDep) -> di
         raise ApiError(429, "ingest_registering", "an S3 ingest of this tenant is still being registered",
                        {"Retry-After": "10"})
     await to_thread.run_sync(check_room, svc, who)
+    await to_thread.run_sync(check_budget, svc, who)
     submitter = Submitter(db=svc.db, store=svc.store, spec=spec, lane=opts.lane, priority=opts.priority,
                           publisher=svc.publisher, limits=svc.settings.ingest, resume=False,
                           owner=ingests.Owner(who.tenant_id, who.key_id, opts.callback_url),
-                          pages=_Waiting(svc.pages(who), svc.stopping))
+                          pages=_Waiting(svc.pages(who), svc.stopping), weight=opts.weight)
     name = opts.name or ", ".join(sources)[:200]
     ingest_id = await to_thread.run_sync(lambda: submitter.open(name=name, sources=[*sources, str(uuid.uuid4())]))
     svc.registering_tenants.add(who.tenant_id)
@@ -63,11 +64,14 @@ async def post_ingest(req: IngestRequest, svc: ServiceDep, who: CallerDep) -> di
 @router.get("/{ingest_id}")
 async def get_ingest(ingest_id: str, svc: ServiceDep, who: CallerDep,
                      wait: Annotated[float, Query(ge=0)] = 0) -> dict[str, Any]:
-    """An ingest's progress (``error``: why its registration stopped short); ``wait``: hold the answer until it
-    changes (seconds, at most api.max_wait)."""
+    """An ingest's progress (``error``: why its registration stopped short), and its share of the engine now with the
+    time it needs at that share; ``wait``: hold the answer until it changes (seconds, at most api.max_wait)."""
 
     def read() -> dict[str, Any]:
-        return views.ingest_view(*ingests.ingest_progress(svc.db, ingest_id, tenant_id=who.tenant_id))
+        row, progress, failures = ingests.ingest_progress(svc.db, ingest_id, tenant_id=who.tenant_id)
+        share = (svc.fair.share_or_none(row.lane, row.tenant_id, row.id)
+                 if svc.settings.fair_share.enabled and not progress.done else None)
+        return views.ingest_view(row, progress, failures, share=share)
     return public(await wait_for_change(svc, who, read, wait))
 
 

@@ -1,5 +1,6 @@
-"""What the routes share (settings, database, object store, broker, Redis, their threads) and who is calling: a
-key's caller, found by the guard (``producer.api.guard``) before anything of the request was read.
+"""What the routes share (settings, database, object store, broker, Redis, the lanes' fair share, their threads) and
+who is calling: a key's caller, found by the guard (``producer.api.guard``) before anything of the request was read,
+within its rates and its tenant's monthly budget.
 
 Work that waits on others runs on threads of its own kind, so that one kind cannot hold the others up: uploads
 are registered under ``registration`` (``api.register_threads``), streams and long polls read the database under
@@ -16,7 +17,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import partial
+from datetime import datetime
+from datetime import time as clock
+from functools import cached_property, partial
 from typing import Annotated, Any, TypeVar
 
 import redis
@@ -26,11 +29,13 @@ from fastapi import Depends, Request
 from paperlane.errors import UsageError
 from paperlane.priority.broker import make_celery
 from paperlane.priority.connection import open_redis
+from paperlane.priority.fair import FairLanes
 from paperlane.producer.api.errors import ApiError
 from paperlane.producer.api.limits import Limits
 from paperlane.producer.submit import CeleryPublisher
 from paperlane.settings import Settings
-from paperlane.storage.db import Database
+from paperlane.storage import usage
+from paperlane.storage.db import Database, utcnow
 from paperlane.storage.objects import ObjectStore, open_store
 from paperlane.storage.tenants import Caller, PageBudget, authenticate
 
@@ -68,6 +73,11 @@ class Service:
                    registration=CapacityLimiter(api.register_threads), streams=CapacityLimiter(api.stream_threads),
                    dns=ThreadPoolExecutor(api.webhook_concurrency, thread_name_prefix="dns"),
                    ingests=ThreadPoolExecutor(api.ingest_threads, thread_name_prefix="ingest"))
+
+    @cached_property
+    def fair(self) -> FairLanes:
+        """The lanes' fair share, read for an ingest's share of the engine."""
+        return FairLanes(self.redis, buffer=self.settings.fair_share.buffer)
 
     def close(self) -> None:
         self.stopping.set()
@@ -131,3 +141,16 @@ def check_room(svc: Service, who: Caller) -> None:
     if in_flight >= cap:
         raise ApiError(429, "too_many_pages", f"this tenant has {in_flight:,} pages in flight (at most {cap:,})",
                        {"Retry-After": "10"})
+
+
+def check_budget(svc: Service, who: Caller) -> None:
+    """429 when the tenant's monthly page budget is used up (pages final this month and pages not final yet);
+    pages registered before go on. The answer says when the budget starts again."""
+    now = utcnow()
+    found = usage.budget(svc.db, who.tenant_id, now=now)
+    if not found.exhausted:
+        return
+    resets = datetime.combine(found.resets, clock(), tzinfo=now.tzinfo)
+    raise ApiError(429, "monthly_budget_used", f"tenant {who.tenant} has used {found.used} of its {found.limit} pages "
+                   f"this month; new uploads and ingests are refused until {found.resets.isoformat()} (UTC)",
+                   {"Retry-After": str(max(1, int((resets - now).total_seconds())))})

@@ -76,10 +76,11 @@ def register(svc: Service, who: Caller, opts: Options, spec: TaskSpec, upload: U
     size = upload.file.tell()
     upload.file.seek(0)
     cap = svc.settings.api.max_pages_per_upload
+    # chunk_pages=cap + 1: one chunk, registered once the whole upload has been read
     submitter = Submitter(db=svc.db, store=svc.store, spec=spec, lane=opts.lane, priority=opts.priority,
                           publisher=svc.publisher, limits=svc.settings.ingest, resume=False,
                           owner=ingests.Owner(who.tenant_id, who.key_id, opts.callback_url), uploads=svc.uploads,
-                          chunk_pages=cap + 1, pages=svc.pages(who))  # one chunk: registered once all is read
+                          chunk_pages=cap + 1, pages=svc.pages(who), weight=opts.weight)
     inflation = Inflation(svc.settings.ingest)
     items = _bounded(inputs.expand_upload(source, filename, upload.file, size, svc.settings.ingest,
                                           inflation=inflation), cap, inflation)

@@ -8,7 +8,6 @@ own accounting: the server's ``vllm:num_requests_running`` and ``vllm:generation
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
@@ -54,22 +53,8 @@ def test_a_looping_answer_is_stopped_mid_stream_and_the_server_aborts_it(vllm_se
     try:
         engine.infer([_request(engine, Task.TABLE)])  # warm: the server's gauges are live from its first answer
         before = _settled(vllm_server)
-        seen_running = []
-        done = threading.Event()
-
-        def watch() -> None:
-            while not done.is_set():
-                seen_running.append(_metric(vllm_server, "vllm:num_requests_running"))
-                time.sleep(0.05)
-
-        watcher = threading.Thread(target=watch)
-        watcher.start()
-        try:
-            [out] = engine.infer([_request(engine)])
-        finally:
-            stopped = time.monotonic()
-            done.set()
-            watcher.join()
+        [out] = engine.infer([_request(engine)])
+        stopped = time.monotonic()
         while (running := _metric(vllm_server, "vllm:num_requests_running")) > 0 and time.monotonic() < stopped + 1:
             time.sleep(0.05)
         time.sleep(1.5)  # an answer still decoding would add ~200 tokens by now
@@ -78,7 +63,9 @@ def test_a_looping_answer_is_stopped_mid_stream_and_the_server_aborts_it(vllm_se
         engine.close()
     assert isinstance(out, EngineOutput) and out.quality is not None and out.usage is not None
     assert out.quality.flags[0] is QualityFlag.LOOP_STOPPED and out.quality.needs_review
-    assert max(seen_running, default=0) >= 1 and running == 0  # it ran, and the abort freed it within a second
+    # The abort freed its slot within a second. (Whether the gauge ever showed it running is a race: a stopped
+    # answer can start and end between two scrapes. That it ran is the generation-token counter below.)
+    assert running == 0
     # The engine stopped decoding soon after the client stopped reading, far from max_tokens: what it decoded more
     # is the tokens on their way and those decoded while the abort travelled (0-70 measured on 2 busy cores).
     assert out.usage.completion_tokens < BUDGET // 2, out.usage

@@ -4,7 +4,7 @@ ingests like succeeded and failed pages, in the status views, and listed by the 
 Jobs done before this migration have no grade: none of them needs review.
 
 Revision ID: 0009
-Revises: 0007
+Revises: 0008
 Create Date: 2026-12-01
 """
 
@@ -18,7 +18,7 @@ from alembic import op
 from paperlane.status import JobStatus
 
 revision = "0009"
-down_revision = "0007"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 
