@@ -3,6 +3,7 @@
     PaperlaneError                (retryable=False unless said otherwise)
      ├── UsageError               bad command-line or settings: the caller must fix it
      ├── InputError               this page cannot be read: unreadable, truncated, too large, wrong type
+     │    └── OverLimit            preparing it went past a worker's memory or time limit, or crashed its process
      ├── EngineError              the OCR engine failed on this page
      │    ├── EngineUnavailable   engine down, timed out or overloaded (retryable)
      │    └── EngineOutputError   the engine answered but the answer is unusable
@@ -61,6 +62,11 @@ class UsageError(PaperlaneError):
 
 class InputError(PaperlaneError):
     """The page itself cannot be processed; retrying will not help."""
+
+
+class OverLimit(InputError):
+    """Preparing the page (rendering a PDF page, decoding an image) took more memory or time than a worker
+    gives one page, or crashed the process it ran in: that process is replaced, and the page fails."""
 
 
 class EngineError(PaperlaneError):

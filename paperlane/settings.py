@@ -176,6 +176,14 @@ class WorkerSettings(BaseModel):
     open_document_bytes: int = Field(256 * 1024**2, ge=0, description="PDFs each preprocessing process keeps "
                                      "open (parsed) for their next pages, by file size (PDFium keeps what it has "
                                      "read of one, up to all of it); a larger one is opened again for each page")
+    render_memory_bytes: int = Field(2 * 1024**3, ge=64 * 1024**2, description="memory one page's preparation "
+                                     "(decoding, rendering a PDF page) may take, in the process that prepares it: "
+                                     "past it the page fails (a PDF that draws a huge hidden image) and the "
+                                     "process is replaced")
+    render_timeout: float = Field(60.0, gt=0, description="seconds one page's preparation may take: past it its "
+                                  "process is killed and replaced, and the page fails")
+    urgent_processes: int = Field(2, ge=1, description="processes that prepare interactive pages only, so they "
+                                  "never queue behind the backlog's (bounded like the pool's)")
     annotated_format: ImageFormat = Field(ImageFormat.JPEG, description="the annotated image: jpeg (cheapest), "
                                           "webp (smallest, ~25x the CPU of jpeg) or png (lossless, ~15x)")
     annotated_max_side: int = Field(1000, ge=100, le=8000, description="longest side of the annotated image, px")

@@ -11,6 +11,7 @@ from typing import Any
 from paperlane.settings import ApiSettings, IngestSettings, Settings
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+WORKER_LIMITS = {"max_input_bytes", "max_image_pixels", "render_memory_bytes", "render_timeout", "urgent_processes"}
 NOT_LIMITS = {"api": {"host", "port", "url_expiry"}, "ingest": {"spool_bytes", "upload_threads"}}
 _UNITS = {"MiB": 1 << 20, "GiB": 1 << 30, "MP": 1_000_000, "s": 1}
 
@@ -52,3 +53,5 @@ def test_every_limit_is_in_the_readme_with_its_real_default() -> None:
         shown = {n.split(".")[1] for n in rows if n.startswith(f"{section}.")}
         missing = set(model.model_fields) - NOT_LIMITS[section] - shown
         assert not missing, f"limits missing from README's table: {section}.{sorted(missing)}"
+    missing_worker = WORKER_LIMITS - {n.split(".")[1] for n in rows if n.startswith("worker.")}
+    assert not missing_worker, f"worker limits missing from README's table: {sorted(missing_worker)}"

@@ -1,4 +1,4 @@
-"""The CPU preprocessing pool: a process pool that fetches originals and prepares pages.
+"""The CPU preprocessing pool: processes that fetch originals and prepare pages, each page bounded.
 
 Each pool process builds its own object-store client once (initializer) and receives only object
 keys and page numbers, never image bytes: the parent process never sends an original through the
@@ -8,11 +8,16 @@ folder that the pool's processes open it from, and each keeps it open for its ne
 one of each per page. By default the pool has
 as many processes as this process may use CPUs, less one for the worker itself (``workers.cpus``);
 ``worker.preprocess_processes`` sets another number, and 0 runs the work on a thread in the calling
-process (tests, tiny machines).
+process (tests, tiny machines: no limits then).
+
+A page is prepared under limits (``workers.bounded``): ``worker.render_memory_bytes`` of memory and
+``worker.render_timeout`` seconds, in a process that may die without taking the worker or any other
+page with it. A page past a limit, or one that crashes its process, fails (``OverLimit``, a reason
+that says which); its process is replaced. Interactive pages have processes of their own
+(``worker.urgent_processes``), warm and not niced, so they never queue behind the backlog.
 
 Whatever goes wrong with one page comes back as that page's ``Prepared`` error, never as an
-exception: a third-party one might not survive the trip back between processes, and a pool that
-cannot unpickle a result is a broken pool.
+exception: a third-party one might not survive the trip back between processes.
 """
 
 from __future__ import annotations
@@ -20,19 +25,18 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
-import multiprocessing
 import os
 import time
 import traceback
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from paperlane.errors import INTERNAL_REASON, OutOfMemory, PaperlaneError
+from paperlane.errors import INTERNAL_REASON, OutOfMemory, OverLimit, PaperlaneError
 from paperlane.models.engine import InputSpec
 from paperlane.settings import Settings
 from paperlane.storage.objects import ObjectStore, open_store
+from paperlane.workers.bounded import BoundedPool, ProcessDied, TaskFailed, TaskTimedOut
 from paperlane.workers.cpus import WORKER_OWN_CPUS, available_cpus, pool_processes
 from paperlane.workers.doccache import OpenDocuments, Spool, spooled_kind
 from paperlane.workers.preprocess import Limits, PreparedPage, prepare_page
@@ -41,6 +45,7 @@ log = logging.getLogger(__name__)
 
 _store: ObjectStore | None = None
 _documents: OpenDocuments | None = None
+_memory_limit = 0  # this process's memory limit for one page (bytes; 0: none)
 
 
 @dataclass
@@ -56,13 +61,15 @@ class Prepared:
     traceback: str | None = None
 
 
-def _init_process(settings: Settings) -> None:
-    global _store, _documents
+def _init_process(settings: Settings, niced: bool) -> None:
+    global _store, _documents, _memory_limit
     # One ONNX/OpenCV thread per pool process: the pool itself is the parallelism.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    # Backlog preprocessing yields the CPU to the worker process, where interactive pages are
-    # prepared, stored and acked: throughput is the same, latency under load much better.
-    os.nice(5)
+    if niced:
+        # Backlog preprocessing yields the CPU to the worker process and to the processes preparing
+        # interactive pages: throughput is the same, latency under load much better.
+        os.nice(5)
+    _memory_limit = settings.worker.render_memory_bytes
     import cv2
 
     cv2.setNumThreads(1)
@@ -106,23 +113,44 @@ def _prepare_key(key: str, page_number: int, spec: InputSpec, limits: Limits, pr
         else:
             page = prepare_page(store.get(key), spec, limits, page=page_number, preview_side=preview_side)
         return Prepared(page, None, time.perf_counter() - t0)
+    except OutOfMemory as exc:
+        # Under this process's own memory limit running out is the page's doing, not the machine's.
+        error = _over_memory() if _memory_limit else exc
+        return Prepared(None, error, time.perf_counter() - t0)
     except PaperlaneError as exc:
         return Prepared(None, exc, time.perf_counter() - t0)
     except MemoryError:  # outside the decoder (which says so itself): fetching, copying
-        return Prepared(None, OutOfMemory("not enough memory to prepare this page", stage="preprocess"),
+        return Prepared(None, _over_memory() if _memory_limit else
+                        OutOfMemory("not enough memory to prepare this page", stage="preprocess"),
                         time.perf_counter() - t0)
     except Exception:  # a bug: this page fails with a short reason and the worker logs the traceback
         return Prepared(None, PaperlaneError(INTERNAL_REASON, stage="preprocess"), time.perf_counter() - t0,
                         traceback.format_exc())
 
 
+def _over_memory(limit: int | None = None) -> OverLimit:
+    return OverLimit(f"preparing this page needs more memory than a worker gives one page "
+                     f"({(limit or _memory_limit) / 2**20:.0f} MiB)", stage="preprocess")
+
+
+def _failed_in_process(exc: BaseException, settings: Settings) -> PaperlaneError:
+    """What a page's row says when the process preparing it was killed or died (``workers.bounded``)."""
+    cfg = settings.worker
+    if isinstance(exc, TaskTimedOut):
+        return OverLimit(f"preparing this page took longer than a worker gives one page ({cfg.render_timeout:g} s)",
+                         stage="preprocess")
+    if isinstance(exc, ProcessDied) and exc.exitcode == -9:  # not ours: the kernel's OOM killer
+        return OutOfMemory("not enough memory to prepare this page (its process was killed)", stage="preprocess")
+    return OverLimit(f"preparing this page crashed its process or needed more memory than a worker gives one page "
+                     f"({cfg.render_memory_bytes / 2**20:.0f} MiB); {exc}", stage="preprocess")
+
+
 class CpuPool:
-    """Preprocessing for the worker: a process pool for the stream of pages, plus a small thread
-    lane in this process for urgent (interactive) pages, so they never queue behind the backlog's
-    preprocessing. OpenCV releases the GIL while it decodes and resizes."""
+    """Preprocessing for the worker: bounded processes for the stream of pages, plus processes of their
+    own for urgent (interactive) pages, so they never queue behind the backlog's preprocessing."""
 
     def __init__(self, settings: Settings, *, store: ObjectStore) -> None:
-        """``store``: the worker process's own store, shared by the urgent lane (one client per process)."""
+        """``store``: the worker process's own store (spooling PDFs; pages prepared in-process)."""
         self._limits = Limits(max_pixels=settings.worker.max_image_pixels,
                               max_bytes=settings.worker.max_input_bytes)
         self._preview_side = settings.worker.annotated_max_side
@@ -131,54 +159,46 @@ class CpuPool:
         cfg = settings.worker
         self._spool = (Spool(store, budget=cfg.document_cache_bytes, max_bytes=cfg.max_input_bytes)
                        if cfg.document_cache_bytes else None)
-        self._documents = OpenDocuments(budget=cfg.open_document_bytes)  # the urgent lane's, and in-process pool's
-        self._urgent = ThreadPoolExecutor(max_workers=2, thread_name_prefix="preprocess-urgent")
+        self._documents = OpenDocuments(budget=cfg.open_document_bytes)  # for pages prepared in-process
         setting, cpus = settings.worker.preprocess_processes, available_cpus()
         self._processes = pool_processes(setting, cpus)
-        log.info("preprocessing pool: %d processes (%s)", self._processes, "worker.preprocess_processes"
-                 if setting is not None else f"{cpus:g} CPUs usable, less {WORKER_OWN_CPUS} for the worker itself")
-        self._executor = self._new_executor()
-
-    def _new_executor(self) -> Executor:
-        n = self._processes
-        if n == 0:
-            return ThreadPoolExecutor(max_workers=1, thread_name_prefix="preprocess")
-        executor = ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn"),
-                                       initializer=_init_process, initargs=(self._settings,))
-        # Start every process now (spawning and importing takes a second or two each), not on the
-        # first pages: a worker is warm before it takes work.
-        for fut in [executor.submit(time.sleep, 0.3) for _ in range(n)]:
-            fut.result()
-        return executor
-
-    def restart_if_broken(self) -> None:
-        """Replace the pool with a fresh one if a process of it died (a submit then fails)."""
-        try:
-            self._executor.submit(int).result()
-        except BrokenProcessPool:
-            log.warning("preprocessing pool broken; starting a new one")
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = self._new_executor()
+        log.info("preprocessing pool: %d processes (%s), %d for interactive pages", self._processes,
+                 "worker.preprocess_processes" if setting is not None
+                 else f"{cpus:g} CPUs usable, less {WORKER_OWN_CPUS} for the worker itself",
+                 cfg.urgent_processes if self._processes else 0)
+        self._threads: ThreadPoolExecutor | None = None
+        self._pool: BoundedPool | None = None
+        self._urgent: BoundedPool | None = None
+        if self._processes == 0:
+            self._threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="preprocess")
+        else:
+            bounds = {"memory_bytes": cfg.render_memory_bytes, "timeout": cfg.render_timeout,
+                      "initializer": _init_process}
+            self._pool = BoundedPool(self._processes, name="preprocess", initargs=(settings, True), **bounds)
+            self._urgent = BoundedPool(cfg.urgent_processes, name="preprocess-urgent", initargs=(settings, False),
+                                       **bounds)
 
     def submit(self, key: str, spec: InputSpec, *, page: int = 1, urgent: bool = False) -> Future[Prepared]:
         """Fetch the original ``key`` and prepare its page ``page`` (from 1: a PDF's page, a TIFF's frame)
-        for ``spec``: in the pool, or at once in-process when ``urgent``. A PDF is fetched here, once for
-        all its pages (the first page of one waits for its download), and read from the local copy.
+        for ``spec``: in the pool, or in the processes for interactive pages when ``urgent``. A PDF is
+        fetched here, once for all its pages (the first page of one waits for its download), and read
+        from the local copy.
 
         The future's result is a ``Prepared``, whatever happened to the page (a page the original does
-        not have: an InputError); the future itself fails only when the pool does (``BrokenProcessPool``:
-        a process died) or is shut down.
+        not have: an InputError; one past the memory or time limit, or that crashed its process:
+        OverLimit); the future itself fails only when the pool is closed under it (cancelled).
         """
         t0 = time.perf_counter()
         spool = self._spool if self._spool is not None and spooled_kind(key) else None
         try:
             local = spool.acquire(key) if spool is not None else None
             args = (key, page, spec, self._limits, self._preview_side, local and str(local), time.perf_counter() - t0)
-            if urgent or isinstance(self._executor, ThreadPoolExecutor):
-                executor = self._urgent if urgent else self._executor
-                future = executor.submit(_prepare_key, *args, self._store, self._documents)
+            if self._threads is not None:
+                future = self._threads.submit(_prepare_key, *args, self._store, self._documents)
             else:
-                future = self._executor.submit(_prepare_key, *args)
+                bounded = self._urgent if urgent else self._pool
+                assert bounded is not None
+                future = _mapped(bounded.submit(_prepare_key, *args), self._settings, t0)
         except PaperlaneError as exc:  # the store, while spooling
             if spool is not None:
                 spool.release(key)
@@ -194,13 +214,42 @@ class CpuPool:
         return future
 
     @property
+    def replaced(self) -> int:
+        """Processes replaced after a page killed them or ran past its time (since the pool started)."""
+        return sum(p.replaced for p in (self._pool, self._urgent) if p is not None)
+
+    @property
     def spool(self) -> Spool | None:
         """The worker's local copies of PDFs (None when ``worker.document_cache_bytes`` is 0)."""
         return self._spool
 
     def close(self) -> None:
-        self._urgent.shutdown(wait=True, cancel_futures=True)
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        for pool in (self._urgent, self._pool):
+            if pool is not None:
+                pool.close()
+        if self._threads is not None:
+            self._threads.shutdown(wait=True, cancel_futures=True)
         self._documents.close()
         if self._spool is not None:
             self._spool.close()
+
+
+def _mapped(inner: Future[Prepared], settings: Settings, t0: float) -> Future[Prepared]:
+    """A future of ``inner``'s Prepared, or of the page's failure when its process was killed or died."""
+    outer: Future[Prepared] = Future()
+
+    def done(fut: Future[Prepared]) -> None:
+        if fut.cancelled():
+            outer.cancel()
+            outer.set_running_or_notify_cancel()
+            return
+        exc = fut.exception()
+        if isinstance(exc, TaskFailed):
+            outer.set_result(Prepared(None, _failed_in_process(exc, settings), time.perf_counter() - t0))
+        elif exc is not None:
+            outer.set_exception(exc)
+        else:
+            outer.set_result(fut.result())
+
+    inner.add_done_callback(done)
+    return outer

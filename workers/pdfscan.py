@@ -267,6 +267,7 @@ class ImageDicts:
         """``contents``: the file's bytes, asked for once, when a page first needs the index."""
         self._contents: Callable[[], bytes | mmap.mmap] | None = contents
         self._index: dict[bytes, tuple[bool, bool]] = {}  # tail -> (hidden entries, /ColorTransform)
+        self._largest = (0, 0)
 
     def hidden(self, image: LoneImage) -> bool:
         """Whether PDFium draws ``image`` otherwise than its samples say (a mask, /Decode, optional content),
@@ -280,26 +281,41 @@ class ImageDicts:
         found = self._find(image)
         return found is None or found[1]
 
-    def _find(self, image: LoneImage) -> tuple[bool, bool] | None:
+    def largest(self) -> tuple[int, int]:
+        """(width, height) of the image XObject of the file that declares the most pixels (0, 0: none):
+        wherever it is drawn from (a page, an annotation's appearance, a pattern, a Type 3 glyph, a soft
+        mask), PDFium may decode it whole. Sizes given as indirect objects are not seen."""
+        self._build()
+        return self._largest
+
+    def _build(self) -> None:
         if self._contents is not None:
-            self._index, self._contents = _index(self._contents()), None
+            (self._index, self._largest), self._contents = _index(self._contents()), None
+
+    def _find(self, image: LoneImage) -> tuple[bool, bool] | None:
+        self._build()
         return self._index.get(image.raw[-_TAIL:]) if len(image.raw) >= _TAIL else None
 
 
-def _index(data: bytes | mmap.mmap) -> dict[bytes, tuple[bool, bool]]:
-    """Tail of each image stream -> (hidden entries in its dictionary, /ColorTransform in it); empty when the
-    file has a transfer function (every image then counts as having hidden entries).
+_WIDTH = re.compile(rb"/Width\s+(\d+)\b(?!\s+\d+\s+R)")
+_HEIGHT = re.compile(rb"/Height\s+(\d+)\b(?!\s+\d+\s+R)")
+
+
+def _index(data: bytes | mmap.mmap) -> tuple[dict[bytes, tuple[bool, bool]], tuple[int, int]]:
+    """Tail of each image stream -> (hidden entries in its dictionary, /ColorTransform in it), empty when the
+    file has a transfer function (every image then counts as having hidden entries); and the (width, height)
+    of the image that declares the most pixels.
 
     Walks the file from stream to stream, skipping each stream's data by its /Length, so that only
     the objects between them are read (a scanned PDF is nearly all image data: 20 MB are walked in
     well under a millisecond). A graphics state inside a compressed object stream is not seen.
     """
     index: dict[bytes, tuple[bool, bool]] = {}
+    largest, transfer = (0, 0), False
     pos, size = 0, len(data)
     while pos < size:
         keyword = data.find(b"stream", pos)
-        if _TRANSFER.search(data, pos, size if keyword < 0 else keyword):
-            return {}
+        transfer = transfer or bool(_TRANSFER.search(data, pos, size if keyword < 0 else keyword))
         if keyword < 0:
             break
         if data[max(0, keyword - 3):keyword] == b"end":
@@ -314,12 +330,21 @@ def _index(data: bytes | mmap.mmap) -> dict[bytes, tuple[bool, bool]]:
         if not body <= end <= size:
             pos = body  # a length that does not fit: read on from the stream's start
             continue
-        if _IMAGE_KEY.search(head) and end - body >= _TAIL:
-            tail = data[end - _TAIL:end]
-            hidden, transform = index.get(tail, (False, False))
-            index[tail] = (hidden or bool(_HIDDEN.search(head)), transform or bool(_COLOUR_TRANSFORM.search(head)))
+        if _IMAGE_KEY.search(head):
+            largest = max(largest, _declared(head), key=lambda wh: wh[0] * wh[1])
+            if end - body >= _TAIL:
+                tail = data[end - _TAIL:end]
+                hidden, transform = index.get(tail, (False, False))
+                index[tail] = (hidden or bool(_HIDDEN.search(head)),
+                               transform or bool(_COLOUR_TRANSFORM.search(head)))
         pos = end
-    return index
+    return ({} if transfer else index), largest
+
+
+def _declared(head: bytes) -> tuple[int, int]:
+    """(width, height) an image dictionary declares directly; (0, 0) when it does not."""
+    width, height = _WIDTH.search(head), _HEIGHT.search(head)
+    return (int(width.group(1)), int(height.group(1))) if width and height else (0, 0)
 
 
 def _stream_end(data: bytes | mmap.mmap, body: int) -> int:

@@ -17,10 +17,9 @@ import logging
 import os
 import time
 from concurrent.futures import CancelledError, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
-from paperlane.errors import INTERNAL_REASON, InputError, OutOfMemory, PaperlaneError, WorkerStopping, public_reason
+from paperlane.errors import INTERNAL_REASON, OutOfMemory, PaperlaneError, WorkerStopping, public_reason
 from paperlane.models.engine import Capacity, Engine, EngineOutput, EngineRequest
 from paperlane.models.factory import build_engine
 from paperlane.priority.lanes import LEVELS_PER_LANE, Lane
@@ -181,18 +180,13 @@ def _through_pipeline(rt: Runtime, job: JobRow, timings: dict[str, float]) -> Pa
 
 
 def _prepared(rt: Runtime, job: JobRow, *, urgent: bool) -> Prepared:
-    # A pool process that dies (a decoder crash) breaks every pending future of its pool: each
-    # page gets one more try on a fresh pool, and the page that crashes it twice is failed.
-    for _ in (1, 2):
-        try:
-            return rt.pool.submit(job.original_key or "", rt.engine.input_spec, page=job.page, urgent=urgent).result()
-        except BrokenProcessPool:
-            rt.pool.restart_if_broken()
-        except CancelledError:  # the pool was shut down under the page: the worker is stopping
-            return Prepared(None, WorkerStopping("the worker stopped before this page was prepared",
-                                                 stage=Stage.PREPROCESS.value), 0.0)
-    log.error("job %s crashed the preprocessing process twice", job.id)
-    return Prepared(None, InputError("this page crashes the image decoder", stage="preprocess"), 0.0)
+    # A page that kills its pool process (a crash, memory or time past the limits) fails alone, with a
+    # reason (``workers.bounded``): the process is replaced and no other page is touched.
+    try:
+        return rt.pool.submit(job.original_key or "", rt.engine.input_spec, page=job.page, urgent=urgent).result()
+    except CancelledError:  # the pool was shut down under the page: the worker is stopping
+        return Prepared(None, WorkerStopping("the worker stopped before this page was prepared",
+                                             stage=Stage.PREPROCESS.value), 0.0)
 
 
 def _finish_or_fail(rt: Runtime, job: JobRow, spec: TaskSpec, page: PreparedPage, output: EngineOutput,

@@ -41,7 +41,7 @@ import struct
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import cv2
 import numpy as np
@@ -472,7 +472,7 @@ def _render(pdf_page: pypdfium2.PdfPage, page: int, spec: InputSpec, limits: Lim
     if tw * th > limits.max_pixels:
         raise InputError(f"PDF page {page} too large to render ({tw}x{th} = {tw * th / 1e6:.0f} MP at the engine's "
                          f"size, limit {limits.max_pixels / 1e6:.0f} MP)", stage=_STAGE)
-    _check_page_images(pdf_page, page, limits)
+    _check_page_images(pdf_page, page, limits, image_dicts)
     scanned = scanned_pixels(pdf_page, (tw, th), spec, limits, image_dicts)
     if scanned is not None:
         return scanned, width, height
@@ -545,18 +545,47 @@ def _placed(img: np.ndarray, placement: pdfscan.Placement, size: tuple[int, int]
     return page
 
 
-def _check_page_images(pdf_page: pypdfium2.PdfPage, page: int, limits: Limits) -> None:
+def _check_page_images(pdf_page: pypdfium2.PdfPage, page: int, limits: Limits,
+                       image_dicts: pdfscan.ImageDicts) -> None:
     """Refuse a page holding an image that declares more than ``limits.max_pixels``: PDFium decodes an
     image whole however small the render (400 MP in a 390 kB PDF took 420 MB to render at 1/8).
 
-    Images inside form XObjects count, to the depth pypdfium2 goes (15). PDFium's raw calls, not
-    pypdfium2's object wrappers: a dense text page has thousands of objects (3,000 took 11 ms, now 3).
+    The page's objects and its annotations' appearances count, with the images inside their form
+    XObjects to the depth pypdfium2 goes (15); then every image dictionary of the file, which is
+    where images drawn by patterns, Type 3 glyphs and soft masks are declared (PDFium's API does not
+    reach them; ``pdfscan.ImageDicts.largest``). What no declared size shows (sizes given indirectly,
+    inline images in compressed streams, a page that draws for minutes) is bounded by the process the
+    page is prepared in (``workers.bounded``). PDFium's raw calls, not pypdfium2's object wrappers: a
+    dense text page has thousands of objects (3,000 took 11 ms, now 3).
     """
+    import pypdfium2.raw as pdfium_c
+
+    _check_objects(pdfium_c.FPDFPage_CountObjects(pdf_page), pdfium_c.FPDFPage_GetObject, pdf_page.raw,
+                   page, limits)
+    for i in range(pdfium_c.FPDFPage_GetAnnotCount(pdf_page)):
+        annot = pdfium_c.FPDFPage_GetAnnot(pdf_page, i)
+        if not annot:
+            continue
+        try:
+            _check_objects(pdfium_c.FPDFAnnot_GetObjectCount(annot), pdfium_c.FPDFAnnot_GetObject, annot, page, limits,
+                           where=" in an annotation")
+        finally:
+            pdfium_c.FPDFPage_CloseAnnot(annot)
+    w, h = image_dicts.largest()
+    if w * h > limits.max_pixels:
+        raise InputError(f"PDF page {page}: the file holds an image too large to draw ({w}x{h} = {w * h / 1e6:.0f} MP, "
+                         f"limit {limits.max_pixels / 1e6:.0f} MP)", stage=_STAGE)
+
+
+def _check_objects(count: int, get: Callable[[Any, int], Any], holder: Any, page: int, limits: Limits, *,
+                   where: str = "") -> None:
+    """Refuse ``holder``'s objects (``count`` of them, ``get(holder, i)``) if an image among them, or in their
+    forms, declares more than ``limits.max_pixels``."""
     import pypdfium2.raw as pdfium_c
 
     get_type, image, form = pdfium_c.FPDFPageObj_GetType, pdfium_c.FPDF_PAGEOBJ_IMAGE, pdfium_c.FPDF_PAGEOBJ_FORM
     w, h = ctypes.c_uint(), ctypes.c_uint()
-    pending = [(pdfium_c.FPDFPage_CountObjects(pdf_page), pdfium_c.FPDFPage_GetObject, pdf_page.raw, 0)]
+    pending = [(count, get, holder, 0)]
     while pending:
         count, get, holder, depth = pending.pop()
         for i in range(count):
@@ -564,7 +593,7 @@ def _check_page_images(pdf_page: pypdfium2.PdfPage, page: int, limits: Limits) -
             kind = get_type(obj)
             if kind == image and pdfium_c.FPDFImageObj_GetImagePixelSize(obj, w, h):
                 if w.value * h.value > limits.max_pixels:
-                    raise InputError(f"PDF page {page} holds an image too large ({w.value}x{h.value} = "
+                    raise InputError(f"PDF page {page} holds an image too large{where} ({w.value}x{h.value} = "
                                      f"{w.value * h.value / 1e6:.0f} MP, limit {limits.max_pixels / 1e6:.0f} MP)",
                                      stage=_STAGE)
             elif kind == form and depth < 15:

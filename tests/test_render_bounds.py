@@ -1,0 +1,132 @@
+"""Rendering is bounded: a PDF that hides a huge image where the page's objects do not show it, or that
+draws for minutes or allocates gigabytes, fails alone with a reason; the worker's pool replaces the
+process it killed, and every other page, batch or interactive, is prepared as before.
+
+Real pieces (SQLite, the local store, the CPU pool's bounded processes, the micro-batcher); the engine
+is the stand-in of ``test_page_failures``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from paperlane.errors import InputError
+from paperlane.priority.lanes import Lane
+from paperlane.producer.inputs import Document
+from paperlane.producer.submit import submit_documents
+from paperlane.retry import Action
+from paperlane.schemas import TaskSpec
+from paperlane.settings import Settings, WorkerSettings
+from paperlane.storage import jobs as jobstore
+from paperlane.storage.tables import JobRow
+from paperlane.workers.bounded import BoundedPool, ProcessDied, TaskTimedOut
+from paperlane.workers.pipeline import Runtime
+from paperlane.workers.preprocess import prepare_page
+from tests import hostile_pdfs
+from tests.test_page_failures import StubEngine, attempt_until_settled, page
+from tests.test_preprocess import VLM_SPEC, pdf_pages
+
+BOMBS = {
+    "annotation": (hostile_pdfs.annotation_bomb, r"^PDF page 1 holds an image too large in an annotation "
+                                                 r"\(40000x40000 = 1600 MP, limit 150 MP\)$"),
+    "pattern": (hostile_pdfs.pattern_bomb, r"^PDF page 1: the file holds an image too large to draw "
+                                           r"\(40000x40000 = 1600 MP, limit 150 MP\)$"),
+    "type3": (hostile_pdfs.type3_bomb, r"^PDF page 1: the file holds an image too large to draw"),
+    "soft-mask": (hostile_pdfs.soft_mask_bomb, r"^PDF page 1: the file holds an image too large to draw"),
+}
+TIMEOUT = 4.0
+MEMORY = 256 << 20
+
+
+@pytest.mark.parametrize("name", sorted(BOMBS))
+def test_an_image_hidden_from_the_page_objects_is_refused_before_pdfium_decodes_it(name: str) -> None:
+    build, reason = BOMBS[name]
+    with pytest.raises(InputError, match=reason):
+        prepare_page(build(), VLM_SPEC)
+    # The same drawings with an image of a sane size render.
+    assert prepare_page(build(side=300), VLM_SPEC).width == 2479
+
+
+def _square(x: int) -> int:
+    return x * x
+
+
+def _sleep(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+def _abort() -> None:
+    import os
+
+    os.abort()
+
+
+def test_a_bounded_pool_fails_only_the_task_that_killed_its_process() -> None:
+    pool = BoundedPool(1, name="test", memory_bytes=0, timeout=5.0)  # importing this module counts
+    try:
+        crashed, slow = pool.submit(_abort), pool.submit(_sleep, 30)
+        after = [pool.submit(_square, i) for i in range(5)]
+        with pytest.raises(ProcessDied, match=r"SIGABRT"):
+            crashed.result(timeout=60)
+        t0 = time.monotonic()
+        with pytest.raises(TaskTimedOut, match=r"^ran longer than 5 s$"):
+            slow.result(timeout=60)
+        assert time.monotonic() - t0 < 20  # killed at its limit, not slept out
+        assert [f.result(timeout=60) for f in after] == [0, 1, 4, 9, 16]
+        assert pool.replaced == 2
+    finally:
+        pool.close()
+
+
+@pytest.fixture
+def bounded_runtime(tmp_path: Path) -> Iterator[Runtime]:
+    settings = Settings(data_dir=tmp_path / "data", worker=WorkerSettings(
+        retry_backoff=0.0, preprocess_processes=1, urgent_processes=1, render_timeout=TIMEOUT,
+        render_memory_bytes=MEMORY, batch_wait=0.05))
+    rt = Runtime.start(settings, engine=StubEngine())  # type: ignore[arg-type]
+    yield rt
+    rt.close()
+
+
+def _submit(rt: Runtime, name: str, data: bytes, *, lane: Lane = Lane.BATCH) -> JobRow:
+    doc = Document(source=name, name=Path(name).stem, ext=Path(name).suffix, data=data, page_count=1)
+    [submitted] = submit_documents([doc], db=rt.db, store=rt.store, spec=TaskSpec(), lane=lane)
+    return jobstore.get_job(rt.db, submitted.job_id)
+
+
+def _settle(rt: Runtime, job: JobRow) -> JobRow:
+    outcome, decision = attempt_until_settled(rt, job)
+    assert decision.action in (Action.DONE, Action.FAILED), decision
+    return jobstore.get_job(rt.db, job.id)
+
+
+HOSTILE: dict[str, tuple[Callable[[], bytes], str]] = {
+    **{name: (build, reason) for name, (build, reason) in BOMBS.items()},
+    "slow": (lambda: hostile_pdfs.tiling_bomb(0.03),
+             rf"^preparing this page took longer than a worker gives one page \({TIMEOUT:g} s\)$"),
+    "memory": (lambda: hostile_pdfs.slow_page(22),
+               r"^preparing this page crashed its process or needed more memory than a worker gives one page "
+               r"\(256 MiB\); its process died \(SIG[A-Z]+\)$"),
+}
+
+
+@pytest.mark.parametrize("lane", [Lane.BATCH, Lane.INTERACTIVE])
+def test_hostile_pages_fail_alone_with_a_reason_and_the_worker_goes_on(bounded_runtime: Runtime,
+                                                                      lane: Lane) -> None:
+    rt = bounded_runtime
+    jobs = {name: _submit(rt, f"{name}.pdf", build(), lane=lane) for name, (build, _) in HOSTILE.items()}
+    good = [_submit(rt, f"good{i}.png", page(i + 1), lane=lane) for i in range(2)]
+    good.append(_submit(rt, "good.pdf", pdf_pages((595, 842)), lane=lane))
+    for name, job in jobs.items():
+        row = _settle(rt, job)
+        assert (row.status, row.error_stage, row.attempts) == ("failed", "preprocess", 1), (name, row.error)
+        assert row.error is not None and __import__("re").match(HOSTILE[name][1], row.error), (name, row.error)
+    for job in good:
+        assert _settle(rt, job).status == "succeeded"
+    assert rt.pool.replaced == 2  # the slow page's process, killed; the memory bomb's, dead
+    assert rt.batcher.expected == 0

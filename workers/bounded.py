@@ -1,0 +1,211 @@
+"""Processes that may die: a pool in which one task's crash, memory or time costs that task alone.
+
+``concurrent.futures.ProcessPoolExecutor`` breaks as a whole when one of its processes dies: every
+task in flight fails with it, and nothing says which task killed it. A hostile page (a PDF whose
+render allocates gigabytes, or draws for minutes) must cost only itself. Here each process is
+driven by a thread of its own in the parent, which sends it one task at a time and so always knows
+which task it holds:
+
+- a task that runs past ``timeout`` seconds: its process is killed (SIGKILL) and replaced, and that
+  task's future fails with ``TaskTimedOut``;
+- a process that dies (a crash in C code; memory beyond its limit, which PDFium answers with an
+  abort): it is replaced, and the task it held fails with ``ProcessDied`` (its exit status);
+- every other task goes on, on the other processes, and on the replacement when it is up.
+
+Each process runs ``initializer(*initargs)`` once, then is held to ``memory_bytes`` of address space
+more than it had after that (``RLIMIT_AS``: what a page may allocate on top of the libraries already
+loaded). Results and arguments are pickled through one pipe per process.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import queue
+import resource
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_START_TIMEOUT = 120.0  # seconds a new process may take to import and initialise
+
+
+class TaskFailed(Exception):
+    """The process running a task did not return its result (the root of the two below)."""
+
+
+class TaskTimedOut(TaskFailed):
+    """The task ran past the pool's timeout; its process was killed."""
+
+
+class ProcessDied(TaskFailed):
+    """The process died while it ran the task (``exitcode``: its exit status, -N for signal N)."""
+
+    def __init__(self, message: str, exitcode: int | None) -> None:
+        super().__init__(message)
+        self.exitcode = exitcode
+
+
+def _child(conn: Connection, memory_bytes: int, initializer: Callable[..., None] | None,
+           initargs: tuple[Any, ...]) -> None:
+    """A pool process: initialise, bound its address space, then run tasks until told to stop (None)."""
+    # A crash (an abort where memory ran out) must not spend seconds writing a core of the process.
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if initializer is not None:
+        initializer(*initargs)
+    if memory_bytes:
+        size = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        resource.setrlimit(resource.RLIMIT_AS, (size + memory_bytes, size + memory_bytes))
+    conn.send("ready")
+    while True:
+        try:
+            task = conn.recv()
+        except EOFError:
+            return
+        if task is None:
+            return
+        fn, args = task
+        try:
+            conn.send((True, fn(*args)))
+        except Exception as exc:  # noqa: BLE001 - a task's own error goes back to its future
+            try:
+                conn.send((False, exc))
+            except Exception:  # an exception that does not pickle
+                conn.send((False, RuntimeError(f"{type(exc).__name__}: {exc}")))
+
+
+class BoundedPool:
+    """``processes`` processes, each task under a memory and a time limit (see the module docstring).
+
+    ``submit`` returns a ``Future``: its result, the task's exception, or ``TaskTimedOut``/``ProcessDied``.
+    """
+
+    def __init__(self, processes: int, *, name: str, memory_bytes: int, timeout: float,
+                 initializer: Callable[..., None] | None = None, initargs: tuple[Any, ...] = ()) -> None:
+        self._ctx = multiprocessing.get_context("spawn")
+        self._name, self._memory, self._timeout = name, memory_bytes, timeout
+        self._init, self._initargs = initializer, initargs
+        self._tasks: queue.Queue[tuple[Callable[..., Any], tuple[Any, ...], Future[Any]] | None] = queue.Queue()
+        self._closed = False
+        self.replaced = 0  # processes killed or found dead, and replaced
+        # Start every process now, side by side (spawning and importing takes a second or two each).
+        started = [self._start() for _ in range(processes)]
+        self._threads = [threading.Thread(target=self._drive, args=(self._ready(proc),), name=f"{name}-{i}",
+                                          daemon=True) for i, proc in enumerate(started)]
+        for thread in self._threads:
+            thread.start()
+
+    def _start(self) -> tuple[BaseProcess, Connection]:
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(target=_child, args=(child, self._memory, self._init, self._initargs),
+                                 name=self._name, daemon=True)
+        proc.start()
+        child.close()
+        return proc, parent
+
+    def _ready(self, started: tuple[BaseProcess, Connection]) -> tuple[BaseProcess, Connection]:
+        proc, conn = started
+        if not conn.poll(_START_TIMEOUT) or conn.recv() != "ready":
+            raise RuntimeError(f"{self._name}: a new process did not start")
+        return proc, conn
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Run ``fn(*args)`` (a module-level function; arguments and result pickled) in a process of the pool."""
+        if self._closed:
+            raise RuntimeError(f"{self._name} is closed")
+        future: Future[Any] = Future()
+        self._tasks.put((fn, args, future))
+        return future
+
+    def _drive(self, proc_conn: tuple[BaseProcess, Connection]) -> None:
+        proc, conn = proc_conn
+        while True:
+            task = self._tasks.get()
+            if task is None:
+                _stop(proc, conn)
+                return
+            fn, args, future = task
+            if not future.set_running_or_notify_cancel():
+                continue
+            outcome = self._run(proc, conn, fn, args)
+            if isinstance(outcome, TaskFailed):
+                future.set_exception(outcome)
+                self.replaced += 1
+                try:
+                    proc, conn = self._ready(self._start())
+                except Exception as exc:  # noqa: BLE001 - this slot is lost; the others go on
+                    log.error("%s: cannot replace a process (%s); one process fewer", self._name, exc)
+                    return
+            elif outcome[0]:
+                future.set_result(outcome[1])
+            else:
+                future.set_exception(outcome[1])
+
+    def _run(self, proc: BaseProcess, conn: Connection, fn: Callable[..., Any],
+             args: tuple[Any, ...]) -> tuple[bool, Any] | TaskFailed:
+        """The task's (ok, result or exception), or the TaskFailed it ended in (its process then gone)."""
+        t0 = time.monotonic()
+        try:
+            conn.send((fn, args))
+            if conn.poll(self._timeout):
+                answer: tuple[bool, Any] = conn.recv()
+                return answer
+        except (EOFError, OSError):
+            pass
+        else:
+            _kill(proc, conn)
+            log.warning("%s: a task ran %.1f s, past its %g s limit: its process killed", self._name,
+                        time.monotonic() - t0, self._timeout)
+            return TaskTimedOut(f"ran longer than {self._timeout:g} s")
+        _kill(proc, conn)
+        code = proc.exitcode
+        log.warning("%s: a process died running a task (%s)", self._name, _status(code))
+        return ProcessDied(f"its process died ({_status(code)})", code)
+
+    def close(self) -> None:
+        """Cancel the tasks not started, let those running finish, and stop every process."""
+        self._closed = True
+        while True:
+            try:
+                task = self._tasks.get_nowait()
+            except queue.Empty:
+                break
+            if task is not None:
+                task[2].cancel()
+        for _ in self._threads:
+            self._tasks.put(None)
+        for thread in self._threads:
+            thread.join()
+
+
+def _status(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit status {code}"
+
+
+def _stop(proc: BaseProcess, conn: Connection) -> None:
+    try:
+        conn.send(None)
+    except OSError:
+        pass
+    proc.join(5)
+    _kill(proc, conn)
+
+
+def _kill(proc: BaseProcess, conn: Connection) -> None:
+    if proc.is_alive():
+        proc.kill()
+    proc.join()
+    conn.close()
