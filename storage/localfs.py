@@ -48,5 +48,16 @@ class LocalStore:
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
+    def size(self, key: str) -> int:
+        base, span = split_range(key)
+        if span is not None:
+            return span[1] - span[0]
+        try:
+            return self._path(base).stat().st_size
+        except FileNotFoundError as exc:
+            raise ObjectNotFound(f"object {key} not found") from exc
+        except OSError as exc:
+            raise StorageUnavailable(f"cannot read {key}: {exc.strerror}") from exc
+
     def url(self, key: str) -> str:
         return str(self._path(key))

@@ -39,6 +39,11 @@ class ObjectStore(Protocol):
         """Whether ``key`` holds an object. Raises StorageUnavailable."""
         ...
 
+    def size(self, key: str) -> int:
+        """The size in bytes of the object under ``key`` (of its byte range for a ``...#start-end`` key),
+        without reading it. Raises ObjectNotFound or StorageUnavailable."""
+        ...
+
     def url(self, key: str) -> str:
         """Where a person or a script finds the object (s3://bucket/key or a file path)."""
         ...

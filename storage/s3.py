@@ -94,6 +94,16 @@ class S3Store:
             raise _mapped(exc, key) from exc
         return True
 
+    def size(self, key: str) -> int:
+        base, span = split_range(key)
+        if span is not None:
+            return span[1] - span[0]
+        try:
+            head = self._s3.head_object(Bucket=self.bucket, Key=self.prefix + base)  # type: ignore[attr-defined]
+        except (ClientError, BotoCoreError) as exc:
+            raise _mapped(exc, key) from exc
+        return int(head["ContentLength"])
+
     def url(self, key: str) -> str:
         return f"s3://{self.bucket}/{self.prefix}{key}"
 

@@ -40,6 +40,9 @@ class CountingStore:
     def exists(self, key: str) -> bool:
         return self.store.exists(key)
 
+    def size(self, key: str) -> int:
+        return self.store.size(key)
+
     def url(self, key: str) -> str:
         return self.store.url(key)
 
@@ -75,12 +78,12 @@ def test_a_pdf_is_downloaded_once_for_all_its_pages_by_pages_at_once(tmp_path: P
     spool = Spool(store, budget=10 << 20, max_bytes=10 << 20)
     try:
         with ThreadPoolExecutor(8) as threads:
-            paths = list(threads.map(lambda _: spool.acquire(key), range(8)))
+            paths = list(threads.map(lambda _: spool.acquire(key).path, range(8)))
         assert store.reads == {key: 1} and spool.downloads == 1
         assert len(set(paths)) == 1 and paths[0] is not None and paths[0].read_bytes() == store.get(key)
         for _ in range(8):
             spool.release(key)
-        assert spool.acquire(key) == paths[0]  # kept for later pages while within its budget
+        assert spool.acquire(key).path == paths[0]  # kept for later pages while within its budget
         spool.release(key)
         assert store.reads == {key: 2} and spool.downloads == 1
     finally:
@@ -96,9 +99,9 @@ def test_the_spool_keeps_its_budget_but_never_drops_a_pdf_in_use(tmp_path: Path)
     size = len(store.get(keys[0]))
     spool = Spool(store, budget=int(size * 2.5), max_bytes=10 << 20)  # room for two
     try:
-        first = spool.acquire(keys[0])
-        second = spool.acquire(keys[1])
-        third = spool.acquire(keys[2])  # over budget while all three are held: each stays
+        first = spool.acquire(keys[0]).path
+        second = spool.acquire(keys[1]).path
+        third = spool.acquire(keys[2]).path  # over budget while all three are held: each stays
         assert first and second and third and first.exists() and second.exists() and third.exists()
         spool.release(keys[1])
         assert not second.exists()  # the least recently used one nobody holds goes
@@ -117,7 +120,7 @@ def test_a_pdf_larger_than_the_budget_or_no_pdf_is_not_spooled(tmp_path: Path) -
     store.put(other, b"not a pdf at all")
     spool = Spool(store, budget=1000, max_bytes=10 << 20)
     try:
-        assert spool.acquire(big) is None and spool.acquire(other) is None
+        assert spool.acquire(big).path is None and spool.acquire(other).path is None
         spool.release(big)
         spool.release(other)
         assert spool.bytes == 0
@@ -134,7 +137,7 @@ def test_a_failed_download_is_raised_to_its_page_and_the_next_page_tries_again(t
             spool.acquire(key)
         spool.release(key)
         store.put(key, scanned_pdf(1))
-        assert spool.acquire(key) is not None
+        assert spool.acquire(key).path is not None
         spool.release(key)
     finally:
         spool.close()
@@ -241,8 +244,9 @@ def test_a_pdf_the_spool_cannot_fetch_fails_its_page_with_the_stores_reason(tmp_
         pool.close()
 
 
-def test_by_default_every_pdf_a_worker_accepts_is_spooled_and_a_typical_one_kept_open() -> None:
+def test_by_default_a_large_pdf_is_read_by_range_a_smaller_one_spooled_and_a_typical_one_kept_open() -> None:
     cfg = WorkerSettings()
     assert cfg.document_cache_bytes == 1 << 30 and cfg.open_document_bytes == 256 << 20
-    assert cfg.document_cache_bytes >= cfg.max_input_bytes  # no PDF a worker reads is too large to spool
+    assert cfg.ranged_pdf_bytes == 16 << 20 < cfg.max_input_bytes
+    assert cfg.document_cache_bytes >= cfg.max_input_bytes  # no original a worker reads is too large to spool
     assert cfg.open_document_bytes >= cfg.max_input_bytes  # nor to keep open

@@ -142,5 +142,8 @@ class _Counting:
     def exists(self, key: str) -> bool:
         return self.store.exists(key)
 
+    def size(self, key: str) -> int:
+        return self.store.size(key)
+
     def url(self, key: str) -> str:
         return self.store.url(key)

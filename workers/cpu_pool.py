@@ -2,10 +2,10 @@
 
 Each pool process builds its own object-store client once (initializer) and receives only object
 keys and page numbers, never image bytes: the parent process never sends an original through the
-pool's pipes. A PDF is the exception to fetching by key: the worker downloads it once into a local
-folder that the pool's processes open it from, and each keeps it open for its next pages
-(``workers.doccache``), so a PDF costs one download per worker and one parse per pool process, not
-one of each per page. By default the pool has
+pool's pipes. PDFs and TIFFs are read as ``workers.doccache`` decides: a large PDF by byte range
+(each page reads its own objects), a smaller one or a TIFF from a copy the worker downloads once
+into a local folder; each process keeps a PDF open for its next pages, so a page costs its page,
+not its document. By default the pool has
 as many processes as this process may use CPUs, less one for the worker itself (``workers.cpus``);
 ``worker.preprocess_processes`` sets another number, and 0 runs the work on a thread in the calling
 process (tests, tiny machines: no limits then).
@@ -30,7 +30,6 @@ import time
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 from paperlane.errors import INTERNAL_REASON, OutOfMemory, OverLimit, PaperlaneError
 from paperlane.models.engine import InputSpec
@@ -38,7 +37,7 @@ from paperlane.settings import Settings
 from paperlane.storage.objects import ObjectStore, open_store
 from paperlane.workers.bounded import BoundedPool, ProcessDied, TaskFailed, TaskTimedOut
 from paperlane.workers.cpus import WORKER_OWN_CPUS, available_cpus, pool_processes
-from paperlane.workers.doccache import OpenDocuments, Spool, spooled_kind
+from paperlane.workers.doccache import OpenDocuments, Source, Spool, spooled_kind
 from paperlane.workers.preprocess import Limits, PreparedPage, prepare_page
 
 log = logging.getLogger(__name__)
@@ -99,17 +98,23 @@ def _keep_freed_memory() -> None:
 
 
 def _prepare_key(key: str, page_number: int, spec: InputSpec, limits: Limits, preview_side: int,
-                 local: str | None = None, waited: float = 0.0, store: ObjectStore | None = None,
+                 source: Source = Source(), waited: float = 0.0, store: ObjectStore | None = None,
                  documents: OpenDocuments | None = None) -> Prepared:
-    """Prepare page ``page_number`` of the original ``key``: from its local copy ``local`` (a PDF the
-    worker spooled) when there is one, else from the store. ``waited``: seconds the worker spent
-    spooling it for this page, counted in the page's preprocessing time."""
+    """Prepare page ``page_number`` of the original ``key``, read as ``source`` says (``workers.doccache``):
+    from its local copy, by byte range from the store, or whole from the store. ``waited``: seconds the
+    worker spent looking it up or spooling it for this page, counted in the page's preprocessing time."""
     t0 = time.perf_counter() - waited
     try:
         store, documents = store or _store, documents or _documents
         assert store is not None and documents is not None, "pool process not initialised"
-        if local is not None and os.path.exists(local):
-            page = documents.prepare(key, Path(local), spec, limits, page=page_number, preview_side=preview_side)
+        local = source.path
+        if local is not None and local.suffix == ".pdf" and local.exists():
+            page = documents.prepare(key, local, spec, limits, page=page_number, preview_side=preview_side)
+        elif local is not None and local.exists():
+            page = prepare_page(local.read_bytes(), spec, limits, page=page_number, preview_side=preview_side)
+        elif source.ranged:
+            page = documents.prepare_ranged(key, store, source.size, spec, limits, page=page_number,
+                                            preview_side=preview_side)
         else:
             page = prepare_page(store.get(key), spec, limits, page=page_number, preview_side=preview_side)
         return Prepared(page, None, time.perf_counter() - t0)
@@ -157,8 +162,8 @@ class CpuPool:
         self._settings = settings
         self._store = store
         cfg = settings.worker
-        self._spool = (Spool(store, budget=cfg.document_cache_bytes, max_bytes=cfg.max_input_bytes)
-                       if cfg.document_cache_bytes else None)
+        self._spool = (Spool(store, budget=cfg.document_cache_bytes, max_bytes=cfg.max_input_bytes,
+                             ranged_above=cfg.ranged_pdf_bytes) if cfg.document_cache_bytes else None)
         self._documents = OpenDocuments(budget=cfg.open_document_bytes)  # for pages prepared in-process
         setting, cpus = settings.worker.preprocess_processes, available_cpus()
         self._processes = pool_processes(setting, cpus)
@@ -181,8 +186,8 @@ class CpuPool:
     def submit(self, key: str, spec: InputSpec, *, page: int = 1, urgent: bool = False) -> Future[Prepared]:
         """Fetch the original ``key`` and prepare its page ``page`` (from 1: a PDF's page, a TIFF's frame)
         for ``spec``: in the pool, or in the processes for interactive pages when ``urgent``. A PDF is
-        fetched here, once for all its pages (the first page of one waits for its download), and read
-        from the local copy.
+        looked up here, once for all its pages (the first page of one waits for its download, if it is
+        downloaded), and read from the local copy or by byte range (``workers.doccache``).
 
         The future's result is a ``Prepared``, whatever happened to the page (a page the original does
         not have: an InputError; one past the memory or time limit, or that crashed its process:
@@ -191,8 +196,8 @@ class CpuPool:
         t0 = time.perf_counter()
         spool = self._spool if self._spool is not None and spooled_kind(key) else None
         try:
-            local = spool.acquire(key) if spool is not None else None
-            args = (key, page, spec, self._limits, self._preview_side, local and str(local), time.perf_counter() - t0)
+            source = spool.acquire(key) if spool is not None else Source()
+            args = (key, page, spec, self._limits, self._preview_side, source, time.perf_counter() - t0)
             if self._threads is not None:
                 future = self._threads.submit(_prepare_key, *args, self._store, self._documents)
             else:
@@ -220,7 +225,7 @@ class CpuPool:
 
     @property
     def spool(self) -> Spool | None:
-        """The worker's local copies of PDFs (None when ``worker.document_cache_bytes`` is 0)."""
+        """The worker's local copies of PDFs and TIFFs (None when ``worker.document_cache_bytes`` is 0)."""
         return self._spool
 
     def close(self) -> None:

@@ -1,20 +1,23 @@
-"""PDFs kept near the preprocessing pool: one download and one parse per worker process, not one per page.
+"""Originals kept near the preprocessing pool: what a page costs is its page, not its document.
 
-Every page of a PDF is a job of its own, and each used to fetch the whole original from the object
-store and have PDFium parse it again: a 1,000-page PDF meant 1,000 downloads and 1,000 parses, a
-100 MB one of 10,000 pages ~1 TB of reads. Two caches, each bounded in bytes (object keys of
-originals are content-addressed, so what is cached never goes stale):
+Every page of a PDF or a multi-page TIFF is a job of its own, and each used to fetch the whole
+original from the object store and parse it again: a 1,000-page PDF meant 1,000 downloads and
+1,000 parses, a 100 MB one of 10,000 pages ~1 TB of reads. This module is where a worker decides how
+its pages read an original (object keys of originals are content-addressed, so nothing cached goes
+stale). The size comes first (``ObjectStore.size``, a HEAD): an original larger than
+``worker.max_input_bytes`` is refused on its page before a byte of it is read. Then:
 
-- ``Spool``, in the worker process: each PDF its pages need, downloaded once into a local folder
-  that the pool's processes read. A PDF in use by a page in flight stays; the others go, least
-  recently used first, beyond ``worker.document_cache_bytes``. A PDF larger than that budget (or than
-  ``worker.max_input_bytes``) is not kept: its pages read it from the store each, as before.
-- ``OpenDocuments``, in each process that prepares pages (a pool process; the worker itself for
-  urgent pages): PDFs opened by PDFium from the spool and kept open for their next pages, least
-  recently used closed beyond ``worker.open_document_bytes``. PDFium reads from the file only what a
-  page needs (the cross-reference table once, then that page's objects), and keeps what it has read,
-  so an open PDF counts as its file's size. A PDF larger than the budget is opened for each page
-  from the local copy: a parse per page, but no download.
+- a PDF larger than ``worker.ranged_pdf_bytes`` is read by byte range (``storage.reader``): each
+  process that prepares its pages opens it over the store and PDFium reads the cross-reference table
+  once, then each page's own objects, in blocks, so a page costs its objects, not the file;
+- any other PDF, and a TIFF (which cannot be read by range), is downloaded once by ``Spool``, in the
+  worker process, into a local folder that the pool's processes read. One in use by a page in flight
+  stays; the others go, least recently used first, beyond ``worker.document_cache_bytes``; one larger
+  than that budget is read from the store whole by each page, as before;
+- ``OpenDocuments``, in each process that prepares pages, keeps PDFs opened by PDFium (from the spool
+  or over the store) for their next pages, least recently used closed beyond
+  ``worker.open_document_bytes``. PDFium keeps what it has read of one, so an open PDF counts as its
+  file's size; a larger one is opened again for each page.
 """
 
 from __future__ import annotations
@@ -27,80 +30,115 @@ import shutil
 import tempfile
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from paperlane import filetypes
+from paperlane.errors import InputError, PaperlaneError
 from paperlane.models.engine import InputSpec
 from paperlane.storage.objects import ObjectStore, split_range
+from paperlane.storage.reader import ObjectReader
 from paperlane.workers.preprocess import PDFIUM_LOCK, Limits, PdfFile, PreparedPage, open_pdf, prepare_pdf_page
 
 log = logging.getLogger(__name__)
 
 
+_SPOOLED = (".pdf", ".tif", ".tiff")
+_RANGED_KEPT = 1024  # PDFs read by range whose size the spool remembers
+
+
 def spooled_kind(key: str) -> bool:
-    """Whether the original under ``key`` is one the spool keeps: a PDF stored on its own (packed
-    originals are small, and read by their byte range)."""
+    """Whether the original under ``key`` is one the spool decides for: a PDF or TIFF stored on its own
+    (packed originals are small, and read by their byte range)."""
     base, span = split_range(key)
-    return span is None and base.lower().endswith(".pdf")
+    return span is None and base.lower().endswith(_SPOOLED)
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a page's process reads an original: ``path``, a local copy; else, when ``ranged``, the store
+    by byte range (an object of ``size`` bytes); else the store, whole."""
+
+    path: Path | None = None
+    ranged: bool = False
+    size: int = 0
 
 
 @dataclass
 class _Spooled:
-    path: Path | None  # None: not kept here (too large, not a PDF, its download failed)
-    size: int = 0
+    source: Source = Source()  # path None: not kept here (read by range, too large, its download failed)
+    size: int = 0  # bytes of the local copy
     users: int = 1  # pages in flight that hold it
+    error: PaperlaneError | None = None  # why its lookup failed
     ready: threading.Event = field(default_factory=threading.Event)
 
 
 class Spool:
     """The worker's local copies of the PDFs its pages need (see the module docstring). Thread-safe."""
 
-    def __init__(self, store: ObjectStore, *, budget: int, max_bytes: int) -> None:
+    def __init__(self, store: ObjectStore, *, budget: int, max_bytes: int, ranged_above: int | None = None) -> None:
+        """``ranged_above``: PDFs larger than this are read by range, not downloaded (None: none are)."""
         self._store, self._budget, self._max_bytes = store, budget, max_bytes
+        self._ranged_above = ranged_above
         self._folder = Path(tempfile.mkdtemp(prefix="paperlane-pdfs-"))
         self._lock = threading.Lock()
         self._files: OrderedDict[str, _Spooled] = OrderedDict()  # least recently used first
         self._bytes = 0
         self.downloads = 0  # PDFs downloaded: what the spool saves is pages minus this
 
-    def acquire(self, key: str) -> Path | None:
-        """The local copy of the PDF under ``key``, downloaded now unless it is here; held for the caller
-        until ``release(key)``, which the caller must call whatever this returned or raised.
+    def acquire(self, key: str) -> Source:
+        """How pages read the original under ``key`` (see the module docstring), downloaded now when it is
+        kept here and not here yet; held for the caller until ``release(key)``, which the caller must call
+        whatever this returned or raised.
 
-        None: it is not kept here (the caller reads the store itself). Raises what the store raises
-        when this call is the one that downloads it.
+        Raises InputError for an original larger than ``max_bytes`` (found before any of it is read), and
+        what the store raises when this call is the one that looks it up.
         """
         with self._lock:
             entry = self._files.get(key)
             download = entry is None
             if entry is None:
-                entry = self._files[key] = _Spooled(path=None)
+                entry = self._files[key] = _Spooled()
             else:
                 entry.users += 1
                 self._files.move_to_end(key)
         if not download:
             entry.ready.wait()  # another page's download of it
-            return entry.path
+            if entry.error is not None:
+                raise entry.error
+            return entry.source
         try:
-            entry.path, entry.size = self._download(key)
+            entry.source, entry.size = self._fetch(key)
+        except PaperlaneError as exc:
+            entry.error = exc  # for the pages waiting on this lookup; gone with its entry when they are done
+            raise
         finally:
             with self._lock:
                 self._bytes += entry.size
                 entry.ready.set()
                 self._evict()
-        return entry.path
+        return entry.source
 
-    def _download(self, key: str) -> tuple[Path | None, int]:
+    def _fetch(self, key: str) -> tuple[Source, int]:
+        size = self._store.size(key)
+        if size > self._max_bytes:
+            raise InputError(f"file too large ({size / 2**20:.0f} MiB, limit {self._max_bytes / 2**20:.0f} MiB)",
+                             stage="preprocess")
+        is_pdf = key.lower().endswith(".pdf")
+        if is_pdf and self._ranged_above is not None and size > self._ranged_above:
+            return Source(ranged=True, size=size), 0
+        if not size or size > self._budget:
+            return Source(), 0  # read as it is by the page itself
         data = self._store.get(key)
         self.downloads += 1
-        if not data or len(data) > min(self._budget, self._max_bytes) or not filetypes.is_pdf(data):
-            return None, 0  # refused or read as it is by the page itself
-        path = self._folder / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.pdf"
+        if is_pdf and not filetypes.is_pdf(data):
+            return Source(), 0
+        path = self._folder / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}{Path(key).suffix.lower()}"
         partial = path.with_suffix(".part")
         partial.write_bytes(data)
         os.replace(partial, path)
-        return path, len(data)
+        return Source(path=path, size=len(data)), len(data)
 
     def release(self, key: str) -> None:
         """A page done with ``key`` (see ``acquire``)."""
@@ -111,16 +149,22 @@ class Spool:
                 self._evict()
 
     def _evict(self) -> None:
-        """Remove copies nobody holds, least recently used first, while the spool is over its budget; and
-        entries of PDFs not kept here, once nobody holds them."""
+        """Remove copies nobody holds, least recently used first, while the spool is over its budget; entries
+        of originals not kept here once nobody holds them; and those of PDFs read by range (what their size
+        said, kept so their next pages skip the lookup) beyond the most recent ``_RANGED_KEPT``."""
+        ranged = sum(1 for entry in self._files.values() if entry.source.ranged)
         for key, entry in list(self._files.items()):
             if entry.users > 0 or not entry.ready.is_set():
                 continue
-            if entry.path is None or self._bytes > self._budget:
+            if entry.source.ranged:
+                if ranged > _RANGED_KEPT:
+                    del self._files[key]
+                    ranged -= 1
+            elif entry.source.path is None or self._bytes > self._budget:
                 del self._files[key]
                 self._bytes -= entry.size
-                if entry.path is not None:
-                    entry.path.unlink(missing_ok=True)  # processes that have it open keep reading it
+                if entry.source.path is not None:
+                    entry.source.path.unlink(missing_ok=True)  # processes that have it open keep reading it
 
     @property
     def bytes(self) -> int:
@@ -146,20 +190,53 @@ class OpenDocuments:
         """Page ``page`` of the PDF under ``key``, whose local copy is ``path`` (``Spool``), prepared as
         ``preprocess.prepare_page`` prepares it. Raises what that raises."""
         with PDFIUM_LOCK:
-            pdf, kept = self._get(key, path, limits)
+            pdf, kept = self._get(key, lambda: (open_pdf(str(path), contents=lambda: _mapped(path)),
+                                                path.stat().st_size))
             try:
                 return prepare_pdf_page(pdf, spec, limits, page=page, preview_side=preview_side)
             finally:
                 if not kept:
                     pdf.close()
 
-    def _get(self, key: str, path: Path, limits: Limits) -> tuple[PdfFile, bool]:
+    def prepare_ranged(self, key: str, store: ObjectStore, size: int, spec: InputSpec, limits: Limits, *,
+                       page: int, preview_side: int) -> PreparedPage:
+        """Page ``page`` of the PDF under ``key`` (``size`` bytes), read from ``store`` by byte range
+        (``storage.reader``), prepared as ``prepare`` does it. Raises what that raises, and the store's own
+        error when a read PDFium asked for failed."""
+        reader: ObjectReader | None = None
+
+        def opened() -> tuple[PdfFile, int]:
+            nonlocal reader
+            reader = ObjectReader(store, key, size=size)
+            return open_pdf(reader, contents=reader.runs), size
+
+        with PDFIUM_LOCK:
+            try:
+                pdf, kept = self._get(key, opened)
+            except InputError:  # PDFium says "unreadable" when a read failed: say why it failed
+                if reader is not None and reader.error is not None:
+                    raise reader.error from None
+                raise
+            try:
+                return prepare_pdf_page(pdf, spec, limits, page=page, preview_side=preview_side)
+            except InputError:
+                error = pdf.reader.error if pdf.reader is not None else None
+                if error is None:
+                    raise
+                if kept:  # a read failed: the next page opens it afresh
+                    self._bytes -= self._open.pop(key)[1]
+                    kept = False
+                raise error from None
+            finally:
+                if not kept:
+                    pdf.close()
+
+    def _get(self, key: str, opener: Callable[[], tuple[PdfFile, int]]) -> tuple[PdfFile, bool]:
         found = self._open.get(key)
         if found is not None:
             self._open.move_to_end(key)
             return found[0], True
-        size = path.stat().st_size
-        pdf = open_pdf(str(path), contents=lambda: _mapped(path))
+        pdf, size = opener()
         self.opened += 1
         if size > self._budget:
             return pdf, False

@@ -263,9 +263,11 @@ class ImageDicts:
     """The image dictionaries of one PDF file, indexed by the last bytes of their streams (see the
     module docstring). Built on first use from the file's bytes, in one pass (~0.5 ms per MB)."""
 
-    def __init__(self, contents: Callable[[], bytes | mmap.mmap]) -> None:
-        """``contents``: the file's bytes, asked for once, when a page first needs the index."""
-        self._contents: Callable[[], bytes | mmap.mmap] | None = contents
+    def __init__(self, contents: Callable[[], bytes | mmap.mmap | list[bytes]]) -> None:
+        """``contents``: the file's bytes, asked for once, when a page first needs the index; or pieces of
+        it (what a reader over the object store has read so far: the objects of the page being drawn),
+        asked for and indexed at every look (an image found in no piece counts as not found)."""
+        self._contents: Callable[[], bytes | mmap.mmap | list[bytes]] | None = contents
         self._index: dict[bytes, tuple[bool, bool]] = {}  # tail -> (hidden entries, /ColorTransform)
         self._largest = (0, 0)
 
@@ -289,8 +291,17 @@ class ImageDicts:
         return self._largest
 
     def _build(self) -> None:
-        if self._contents is not None:
-            (self._index, self._largest), self._contents = _index(self._contents()), None
+        if self._contents is None:
+            return
+        data = self._contents()
+        if not isinstance(data, list):
+            (self._index, self._largest), self._contents = _index(data), None
+            return
+        self._index, self._largest = {}, (0, 0)
+        for piece in data:
+            index, largest = _index(piece)
+            self._index.update(index)
+            self._largest = max(self._largest, largest, key=lambda wh: wh[0] * wh[1])
 
     def _find(self, image: LoneImage) -> tuple[bool, bool] | None:
         self._build()

@@ -51,6 +51,7 @@ from paperlane import filetypes
 from paperlane import pdfium as pdfium_lock
 from paperlane.errors import InputError, OutOfMemory
 from paperlane.models.engine import InputSpec, PreparedImage
+from paperlane.storage.reader import ObjectReader
 from paperlane.workers import pdfscan
 
 if TYPE_CHECKING:
@@ -391,24 +392,29 @@ def _on_white(img: np.ndarray) -> np.ndarray:
 
 @dataclass
 class PdfFile:
-    """A PDF opened by PDFium, and the index of its image dictionaries (``workers.pdfscan.ImageDicts``).
+    """A PDF opened by PDFium, and the index of its image dictionaries (``workers.pdfscan.ImageDicts``);
+    ``reader``: the file object it is read through when it is read by range from the store.
 
     Use it holding ``PDFIUM_LOCK``; ``close`` it when done.
     """
 
     pdf: pypdfium2.PdfDocument
     image_dicts: pdfscan.ImageDicts
+    reader: ObjectReader | None = None
 
     def close(self) -> None:
         with PDFIUM_LOCK:
             self.pdf.close()
 
 
-def open_pdf(source: bytes | str, *, contents: Callable[[], bytes | mmap.mmap] | None = None) -> PdfFile:
-    """Open a PDF from its bytes or a file path (PDFium then reads what each page needs, when it needs it).
+def open_pdf(source: bytes | str | ObjectReader, *,
+             contents: Callable[[], bytes | mmap.mmap | list[bytes]] | None = None) -> PdfFile:
+    """Open a PDF from its bytes, a file path or an ``ObjectReader`` (PDFium then reads what each page
+    needs, when it needs it).
 
     ``contents``: the file's bytes for the image dictionary index, read when it is first needed
-    (default: ``source`` itself when it is bytes). Raises InputError for an unreadable or encrypted PDF.
+    (default: ``source`` itself when it is bytes); a list of pieces of it (what a reader has read so
+    far) is looked at anew for each page. Raises InputError for an unreadable or encrypted PDF.
     """
     import pypdfium2 as pdfium
 
@@ -419,10 +425,11 @@ def open_pdf(source: bytes | str, *, contents: Callable[[], bytes | mmap.mmap] |
             raise _pdf_error(exc) from None
     if contents is None:
         if not isinstance(source, bytes):
-            raise TypeError("open_pdf: a path needs its contents")
+            raise TypeError("open_pdf: a path or a reader needs its contents")
         data = source
         contents = lambda: data  # noqa: E731
-    return PdfFile(pdf=pdf, image_dicts=pdfscan.ImageDicts(contents))
+    return PdfFile(pdf=pdf, image_dicts=pdfscan.ImageDicts(contents),
+                   reader=source if isinstance(source, ObjectReader) else None)
 
 
 def render_pdf_page(data: bytes, page: int, spec: InputSpec, limits: Limits) -> tuple[np.ndarray, int, int]:

@@ -1,0 +1,140 @@
+"""An object of the store read as a file: ranged reads in blocks, a few blocks kept.
+
+PDFium reads a document through a file object on demand (``pypdfium2.PdfDocument(reader)``): the
+trailer and cross-reference table first, then the objects of the page it draws. Over the object
+store, each read that misses the block cache is one ranged GET (S3 ``Range: bytes=...``, a seek
+and a read for the folder store) of the blocks it needs, so a page of a 100 MB PDF costs its own
+objects and the cross-reference table, not the file. Blocks are small (4 KiB: PDFium reads objects
+scattered over the file, one page dictionary per page before it in a flat page tree), and reads that
+follow on from the last one fetch ahead, twice as far each time up to 64 blocks, so a table read
+from start to end costs a few requests. At most ``cache_blocks`` blocks are kept (least recently
+used dropped), so an open reader holds ``block_size * cache_blocks`` bytes at most.
+
+A read the store refuses reads nothing (0 bytes) and keeps the store's error on the reader
+(``error``): PDFium calls ``readinto`` from C, where an exception could only be printed, and sees
+that the read failed; the caller then asks the reader why.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+from collections import OrderedDict
+
+from paperlane.errors import PaperlaneError
+from paperlane.storage.objects import ObjectStore, ranged, split_range
+
+
+class ObjectReader(io.RawIOBase):
+    """A read-only, seekable file over the object ``key`` of ``store`` (see the module docstring).
+
+    ``size``: the object's size when the caller knows it (else one ``store.size`` call). Thread-safe.
+    """
+
+    def __init__(self, store: ObjectStore, key: str, *, size: int | None = None, block_size: int = 4096,
+                 cache_blocks: int = 256, max_ahead: int = 64) -> None:
+        super().__init__()
+        self._store, self._block, self._keep = store, block_size, max(1, cache_blocks)
+        base, span = split_range(key)
+        self._key, self._offset = base, span[0] if span else 0
+        self._size = size if size is not None else store.size(key)
+        self._pos = 0
+        self._max_ahead, self._ahead, self._after_last = max(1, max_ahead), 1, -1  # read-ahead, in blocks
+        self._blocks: OrderedDict[int, bytes] = OrderedDict()  # block number -> bytes, least recently used first
+        self._lock = threading.Lock()
+        self.fetched = 0  # bytes read from the store
+        self.requests = 0  # ranged reads sent to the store
+        self.error: PaperlaneError | None = None  # the store's last refusal, for a caller PDFium only told "failed"
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def capacity(self) -> int:
+        """The most bytes this reader keeps."""
+        return self._block * self._keep
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        view = memoryview(buffer).cast("B")
+        end = min(self._size, self._pos + len(view))
+        if end <= self._pos:
+            return 0
+        with self._lock:
+            first, last = self._pos // self._block, (end - 1) // self._block
+            try:
+                blocks = self._get(first, last)
+            except PaperlaneError:
+                return 0  # self.error says why
+        data = b"".join(blocks)
+        start = self._pos - first * self._block
+        n = end - self._pos
+        view[:n] = data[start:start + n]
+        self._pos = end
+        return n
+
+    def _get(self, first: int, last: int) -> list[bytes]:
+        """Blocks first..last, each missing run of them fetched with one ranged read."""
+        found: dict[int, bytes] = {}
+        number = first
+        while number <= last:
+            if number in self._blocks:
+                self._blocks.move_to_end(number)
+                found[number] = self._blocks[number]
+                number += 1
+                continue
+            # Reading on from where the last fetch ended: fetch ahead, further each time.
+            self._ahead = min(2 * self._ahead, self._max_ahead) if number == self._after_last else 1
+            final = (self._size - 1) // self._block
+            run_end = number
+            while run_end < final and run_end + 1 not in self._blocks and (
+                    run_end + 1 <= last or run_end + 1 < number + self._ahead):
+                run_end += 1
+            self._after_last = run_end + 1
+            start, stop = number * self._block, min(self._size, (run_end + 1) * self._block)
+            try:
+                data = self._store.get(ranged(self._key, self._offset + start, self._offset + stop))
+            except PaperlaneError as exc:
+                self.error = exc
+                raise
+            if len(data) != stop - start:
+                self.error = PaperlaneError(f"short read of {self._key} ({len(data)} of {stop - start} bytes)",
+                                            stage="store", retryable=True)
+                raise self.error
+            self.fetched += len(data)
+            self.requests += 1
+            for i in range(number, run_end + 1):
+                found[i] = data[(i - number) * self._block:(i - number + 1) * self._block]
+                self._blocks[i] = found[i]
+            number = run_end + 1
+        while len(self._blocks) > self._keep:
+            self._blocks.popitem(last=False)
+        return [found[i] for i in range(first, last + 1)]
+
+    def runs(self) -> list[bytes]:
+        """The bytes kept now, as runs of consecutive blocks (each a contiguous piece of the object)."""
+        with self._lock:
+            numbers = sorted(self._blocks)
+            runs: list[bytes] = []
+            previous = -2
+            for number in numbers:
+                if number == previous + 1:
+                    runs[-1] += self._blocks[number]
+                else:
+                    runs.append(self._blocks[number])
+                previous = number
+            return runs

@@ -1,0 +1,232 @@
+"""A page costs its page, not its document: a page of a large PDF in S3 reads its own objects and the
+cross-reference table by byte range; a TIFF is downloaded once per worker; an original larger than a
+worker takes is refused from its size, before a byte of it is read.
+
+Real S3 (SeaweedFS) and the real store; the bytes counted are those the store returned.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+import uuid
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pypdfium2 as pdfium
+import pytest
+from PIL import Image
+
+from paperlane.errors import InputError, ObjectNotFound
+from paperlane.settings import Settings, StorageBackend, StorageSettings, WorkerSettings
+from paperlane.storage.objects import ObjectStore, open_store, original_key
+from paperlane.storage.reader import ObjectReader
+from paperlane.storage.s3 import S3Store
+from paperlane.workers.cpu_pool import CpuPool
+from paperlane.workers.doccache import OpenDocuments, Spool
+from paperlane.workers.preprocess import Limits
+from tests.services import S3_KEY, S3_SECRET, Service
+from tests.test_preprocess import VLM_SPEC
+
+PAGES = 520
+
+
+class CountingStore:
+    """A real store, counting what it returned: bytes, reads, and reads of a whole object (no byte range)."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+        self.bytes = self.reads = self.whole = self.sizes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> bytes:
+        data = self.store.get(key)
+        with self._lock:
+            self.bytes += len(data)
+            self.reads += 1
+            self.whole += "#" not in key
+        return data
+
+    def size(self, key: str) -> int:
+        with self._lock:
+            self.sizes += 1
+        return self.store.size(key)
+
+    def put(self, key: str, data: bytes, *, content_type: str = "application/octet-stream") -> None:
+        self.store.put(key, data, content_type=content_type)
+
+    def exists(self, key: str) -> bool:
+        return self.store.exists(key)
+
+    def url(self, key: str) -> str:
+        return self.store.url(key)
+
+
+def large_pdf(pages: int = PAGES, *, side: tuple[int, int] = (420, 594)) -> bytes:
+    """``pages`` A4 pages, each one noisy grey JPEG of ~100 kB (noise does not compress): ~50 MB."""
+    rng = np.random.default_rng(7)
+    pdf = pdfium.PdfDocument.new()
+    for i in range(pages):
+        pixels = rng.integers(0, 256, (side[1], side[0]), dtype=np.uint8)
+        cv2.putText(pixels, f"page {i + 1}", (20, 60), cv2.FONT_HERSHEY_SIMPLEX, 1.5, 0, 3)
+        jpeg = cv2.imencode(".jpg", pixels, [cv2.IMWRITE_JPEG_QUALITY, 75])[1].tobytes()
+        page = pdf.new_page(595, 842)
+        image = pdfium.PdfImage.new(pdf)
+        image.load_jpeg(io.BytesIO(jpeg), inline=True)
+        image.set_matrix(pdfium.PdfMatrix(595, 0, 0, 842, 0, 0))
+        page.insert_obj(image)
+        page.gen_content()
+        page.close()
+    buf = io.BytesIO()
+    pdf.save(buf)
+    pdf.close()
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def big_pdf() -> bytes:
+    return large_pdf()
+
+
+@pytest.fixture
+def s3_store(s3_service: Service) -> S3Store:
+    return S3Store.from_settings(StorageSettings(
+        backend=StorageBackend.S3, endpoint_url=s3_service.url, bucket=f"ranged-{uuid.uuid4().hex[:12]}",
+        access_key_id=S3_KEY, secret_access_key=S3_SECRET))  # type: ignore[arg-type]
+
+
+def test_one_page_of_a_large_pdf_in_s3_reads_a_small_fraction_of_it(s3_store: S3Store, big_pdf: bytes) -> None:
+    key = original_key("a" * 64, ".pdf")
+    s3_store.put(key, big_pdf)
+    store = CountingStore(s3_store)
+    size = store.size(key)
+    assert size == len(big_pdf) > 40 << 20
+    docs = OpenDocuments(budget=1 << 30)
+    try:
+        prepared = docs.prepare_ranged(key, store, size, VLM_SPEC, Limits(), page=400, preview_side=200)
+        assert (prepared.width, prepared.height) == (2479, 3508)
+        first = store.bytes
+        assert store.whole == 0
+        # The cross-reference table, the page tree down to page 400 (a flat tree: a dictionary of every page
+        # before it), and page 400's objects.
+        assert first < size / 25, (first, size)
+        docs.prepare_ranged(key, store, size, VLM_SPEC, Limits(), page=7, preview_side=0)
+        assert store.bytes - first < size / 200, (store.bytes - first, size)  # the table is read once
+        assert docs.opened == 1
+    finally:
+        docs.close()
+
+
+def test_the_pool_reads_every_page_of_a_large_pdf_by_range_and_never_whole(tmp_path: Path, s3_store: S3Store,
+                                                                           big_pdf: bytes) -> None:
+    key = original_key("b" * 64, ".pdf")
+    s3_store.put(key, big_pdf)
+    store = CountingStore(s3_store)
+    settings = Settings(data_dir=tmp_path / "data", worker=WorkerSettings(preprocess_processes=0))
+    pool = CpuPool(settings, store=store)
+    try:
+        pages = (1, 260, PAGES, 3)
+        for page in pages:
+            prepared = pool.submit(key, VLM_SPEC, page=page).result()
+            assert prepared.error is None and prepared.page is not None
+        assert store.whole == 0 and store.sizes == 1  # one HEAD for the document, then ranges
+        assert store.bytes < len(big_pdf) * 0.05, (store.bytes, len(big_pdf))
+        assert pool.spool is not None and pool.spool.downloads == 0
+    finally:
+        pool.close()
+
+
+def test_the_pages_of_a_pdf_read_by_range_are_those_of_the_file(tmp_path: Path) -> None:
+    # The scanned-page fast path looks for each image's dictionary in what the reader has read.
+    from tests.test_doccache import scanned_pdf
+    from tests.test_pdfscan import jpeg_of, scan_image  # noqa: F401 - the pages scanned_pdf draws
+
+    data = scanned_pdf(4)
+    store = open_store(Settings(data_dir=tmp_path))
+    key = original_key("c" * 64, ".pdf")
+    store.put(key, data)
+    path = tmp_path / "copy.pdf"
+    path.write_bytes(data)
+    ranged, local = OpenDocuments(budget=1 << 30), OpenDocuments(budget=1 << 30)
+    try:
+        for page in (3, 1):
+            a = ranged.prepare_ranged(key, store, len(data), VLM_SPEC, Limits(), page=page, preview_side=0)
+            b = local.prepare(key, path, VLM_SPEC, Limits(), page=page, preview_side=0)
+            assert a.image.data == b.image.data
+    finally:
+        ranged.close()
+        local.close()
+
+
+def test_a_read_that_fails_says_why_not_unreadable_pdf(tmp_path: Path) -> None:
+    data = large_pdf(3)
+    store = open_store(Settings(data_dir=tmp_path))
+    key = original_key("d" * 64, ".pdf")
+    store.put(key, data)
+    docs = OpenDocuments(budget=1 << 30)
+    try:
+        docs.prepare_ranged(key, store, len(data), VLM_SPEC, Limits(), page=1, preview_side=0)
+        Path(store.url(key)).unlink()
+        with pytest.raises(ObjectNotFound):
+            docs.prepare_ranged(key, store, len(data), VLM_SPEC, Limits(), page=3, preview_side=0)
+        with pytest.raises(ObjectNotFound):  # opened afresh: the store's reason again, not PDFium's
+            docs.prepare_ranged(key, store, len(data), VLM_SPEC, Limits(), page=2, preview_side=0)
+    finally:
+        docs.close()
+
+
+def test_an_object_reader_reads_what_the_object_holds_and_keeps_few_blocks(tmp_path: Path) -> None:
+    data = np.random.default_rng(1).integers(0, 256, 1_000_003, dtype=np.uint8).tobytes()
+    store = CountingStore(open_store(Settings(data_dir=tmp_path)))
+    store.put("originals/x.bin", data)
+    reader = ObjectReader(store, "originals/x.bin", block_size=4096, cache_blocks=8)
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        start = int(rng.integers(0, len(data)))
+        n = int(rng.integers(0, 20000))
+        reader.seek(start)
+        assert reader.read(n) == data[start:start + n]
+    assert len(reader.runs()) <= 8 and sum(map(len, reader.runs())) <= 8 * 4096
+    reader.seek(0)
+    assert reader.read(10) == data[:10] and reader.seek(0, io.SEEK_END) == len(data)
+    assert ObjectReader(store, "originals/x.bin#100-200").read() == data[100:200]
+
+
+def test_an_original_larger_than_a_worker_takes_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    store = CountingStore(open_store(Settings(data_dir=tmp_path)))
+    key = original_key("e" * 64, ".tif")
+    store.put(key, bytes(3 << 20))
+    spool = Spool(store, budget=1 << 30, max_bytes=2 << 20, ranged_above=1 << 20)
+    try:
+        with pytest.raises(InputError, match=r"^file too large \(3 MiB, limit 2 MiB\)$"):
+            spool.acquire(key)
+        spool.release(key)
+        assert store.reads == 0 and store.sizes == 1
+    finally:
+        spool.close()
+
+
+def _tiff(frames: int) -> bytes:
+    images = [Image.new("L", (400, 560), 255 - 20 * i) for i in range(frames)]
+    buf = io.BytesIO()
+    images[0].save(buf, format="TIFF", save_all=True, append_images=images[1:])
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("processes", [1, 0])
+def test_a_tiff_is_downloaded_once_for_all_its_pages(tmp_path: Path, processes: int) -> None:
+    settings = Settings(data_dir=tmp_path / "data", worker=WorkerSettings(preprocess_processes=processes))
+    store = CountingStore(open_store(settings))
+    key = original_key("f" * 64, ".tif")
+    store.put(key, _tiff(4))
+    pool = CpuPool(settings, store=store)
+    try:
+        for page in (1, 2, 3, 4, 2):
+            prepared = pool.submit(key, VLM_SPEC, page=page, urgent=page == 3).result()
+            assert prepared.error is None and prepared.page is not None
+        assert store.reads == 1 and store.whole == 1
+        missing = pool.submit(key, VLM_SPEC, page=5).result()
+        assert isinstance(missing.error, InputError)
+    finally:
+        pool.close()
