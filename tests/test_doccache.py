@@ -22,26 +22,33 @@ from tests.test_preprocess import VLM_SPEC, pdf_pages
 
 
 class CountingStore:
-    """The real store, counting the reads of each key: what the spool must keep to one per PDF."""
+    """The real store, counting what it returned: reads of each key (what the spool must keep to one per PDF),
+    bytes, reads of a whole object (no byte range), and size lookups."""
 
     def __init__(self, store: ObjectStore) -> None:
         self.store = store
         self.reads: dict[str, int] = {}
+        self.bytes = self.whole = self.sizes = 0
         self._lock = threading.Lock()
 
     def get(self, key: str) -> bytes:
+        data = self.store.get(key)
         with self._lock:
             self.reads[key] = self.reads.get(key, 0) + 1
-        return self.store.get(key)
+            self.bytes += len(data)
+            self.whole += "#" not in key
+        return data
+
+    def size(self, key: str) -> int:
+        with self._lock:
+            self.sizes += 1
+        return self.store.size(key)
 
     def put(self, key: str, data: bytes, *, content_type: str = "application/octet-stream") -> None:
         self.store.put(key, data, content_type=content_type)
 
     def exists(self, key: str) -> bool:
         return self.store.exists(key)
-
-    def size(self, key: str) -> int:
-        return self.store.size(key)
 
     def url(self, key: str) -> str:
         return self.store.url(key)

@@ -8,7 +8,6 @@ Real S3 (SeaweedFS) and the real store; the bytes counted are those the store re
 from __future__ import annotations
 
 import io
-import threading
 import uuid
 from pathlib import Path
 
@@ -20,47 +19,17 @@ from PIL import Image
 
 from paperlane.errors import InputError, ObjectNotFound
 from paperlane.settings import Settings, StorageBackend, StorageSettings, WorkerSettings
-from paperlane.storage.objects import ObjectStore, open_store, original_key
+from paperlane.storage.objects import open_store, original_key
 from paperlane.storage.reader import ObjectReader
 from paperlane.storage.s3 import S3Store
 from paperlane.workers.cpu_pool import CpuPool
 from paperlane.workers.doccache import OpenDocuments, Spool
 from paperlane.workers.preprocess import Limits
 from tests.services import S3_KEY, S3_SECRET, Service
+from tests.test_doccache import CountingStore, scanned_pdf
 from tests.test_preprocess import VLM_SPEC
 
 PAGES = 520
-
-
-class CountingStore:
-    """A real store, counting what it returned: bytes, reads, and reads of a whole object (no byte range)."""
-
-    def __init__(self, store: ObjectStore) -> None:
-        self.store = store
-        self.bytes = self.reads = self.whole = self.sizes = 0
-        self._lock = threading.Lock()
-
-    def get(self, key: str) -> bytes:
-        data = self.store.get(key)
-        with self._lock:
-            self.bytes += len(data)
-            self.reads += 1
-            self.whole += "#" not in key
-        return data
-
-    def size(self, key: str) -> int:
-        with self._lock:
-            self.sizes += 1
-        return self.store.size(key)
-
-    def put(self, key: str, data: bytes, *, content_type: str = "application/octet-stream") -> None:
-        self.store.put(key, data, content_type=content_type)
-
-    def exists(self, key: str) -> bool:
-        return self.store.exists(key)
-
-    def url(self, key: str) -> str:
-        return self.store.url(key)
 
 
 def large_pdf(pages: int = PAGES, *, side: tuple[int, int] = (420, 594)) -> bytes:
@@ -139,9 +108,6 @@ def test_the_pool_reads_every_page_of_a_large_pdf_by_range_and_never_whole(tmp_p
 
 def test_the_pages_of_a_pdf_read_by_range_are_those_of_the_file(tmp_path: Path) -> None:
     # The scanned-page fast path looks for each image's dictionary in what the reader has read.
-    from tests.test_doccache import scanned_pdf
-    from tests.test_pdfscan import jpeg_of, scan_image  # noqa: F401 - the pages scanned_pdf draws
-
     data = scanned_pdf(4)
     store = open_store(Settings(data_dir=tmp_path))
     key = original_key("c" * 64, ".pdf")
@@ -202,7 +168,7 @@ def test_an_original_larger_than_a_worker_takes_is_refused_before_it_is_read(tmp
         with pytest.raises(InputError, match=r"^file too large \(3 MiB, limit 2 MiB\)$"):
             spool.acquire(key)
         spool.release(key)
-        assert store.reads == 0 and store.sizes == 1
+        assert store.reads == {} and store.sizes == 1
     finally:
         spool.close()
 
@@ -225,7 +191,7 @@ def test_a_tiff_is_downloaded_once_for_all_its_pages(tmp_path: Path, processes: 
         for page in (1, 2, 3, 4, 2):
             prepared = pool.submit(key, VLM_SPEC, page=page, urgent=page == 3).result()
             assert prepared.error is None and prepared.page is not None
-        assert store.reads == 1 and store.whole == 1
+        assert store.reads == {key: 1} and store.whole == 1
         missing = pool.submit(key, VLM_SPEC, page=5).result()
         assert isinstance(missing.error, InputError)
     finally:
