@@ -10,6 +10,12 @@ follow on from the last one fetch ahead, twice as far each time up to 64 blocks,
 from start to end costs a few requests. At most ``cache_blocks`` blocks are kept (least recently
 used dropped), so an open reader holds ``block_size * cache_blocks`` bytes at most.
 
+Reading by range pays a request per scattered read: opening page 9,000 of a PDF whose page tree is
+flat reads 9,000 page dictionaries, one request each. Past ``max_requests`` requests, the reader
+stops paying that: it fetches the object whole, once, into a temporary file it then
+reads from (deleted with the reader). A page then never costs more than about one download of its
+document, and a document read by range stays so as long as its pages are cheap.
+
 A read the store refuses reads nothing (0 bytes) and keeps the store's error on the reader
 (``error``): PDFium calls ``readinto`` from C, where an exception could only be printed, and sees
 that the read failed; the caller then asks the reader why.
@@ -18,6 +24,9 @@ that the read failed; the caller then asks the reader why.
 from __future__ import annotations
 
 import io
+import mmap
+import os
+import tempfile
 import threading
 from collections import OrderedDict
 
@@ -32,7 +41,7 @@ class ObjectReader(io.RawIOBase):
     """
 
     def __init__(self, store: ObjectStore, key: str, *, size: int | None = None, block_size: int = 4096,
-                 cache_blocks: int = 256, max_ahead: int = 64) -> None:
+                 cache_blocks: int = 256, max_ahead: int = 64, max_requests: int = 256) -> None:
         super().__init__()
         self._store, self._block, self._keep = store, block_size, max(1, cache_blocks)
         base, span = split_range(key)
@@ -41,6 +50,8 @@ class ObjectReader(io.RawIOBase):
         self._pos = 0
         self._max_ahead, self._ahead, self._after_last = max(1, max_ahead), 1, -1  # read-ahead, in blocks
         self._blocks: OrderedDict[int, bytes] = OrderedDict()  # block number -> bytes, least recently used first
+        self._max_requests = max_requests
+        self._local: int | None = None  # the descriptor of the whole object's local copy, once fetched
         self._lock = threading.Lock()
         self.fetched = 0  # bytes read from the store
         self.requests = 0  # ranged reads sent to the store
@@ -77,6 +88,10 @@ class ObjectReader(io.RawIOBase):
         with self._lock:
             first, last = self._pos // self._block, (end - 1) // self._block
             try:
+                if self._local is None and self.requests >= self._max_requests:
+                    self._fetch_whole()
+                if self._local is not None:
+                    return self._read_local(view, end)
                 blocks = self._get(first, last)
             except PaperlaneError:
                 return 0  # self.error says why
@@ -125,15 +140,46 @@ class ObjectReader(io.RawIOBase):
             self._blocks.popitem(last=False)
         return [found[i] for i in range(first, last + 1)]
 
-    def runs(self) -> list[bytes]:
-        """The bytes kept now, as runs of consecutive blocks (each a contiguous piece of the object)."""
+    def _fetch_whole(self) -> None:
+        """The object, whole, into a temporary file that later reads come from."""
+        try:
+            data = self._store.get(ranged(self._key, self._offset, self._offset + self._size))
+        except PaperlaneError as exc:
+            self.error = exc
+            raise
+        self.fetched += len(data)
+        self.requests += 1
+        fd, path = tempfile.mkstemp(prefix="paperlane-object-")
+        os.unlink(path)  # gone from the folder now; gone from the disk when the reader closes it
+        with os.fdopen(os.dup(fd), "wb") as fh:
+            fh.write(data)
+        self._local = fd
+
+    def _read_local(self, view: memoryview, end: int) -> int:
+        assert self._local is not None
+        data = os.pread(self._local, end - self._pos, self._pos)
+        view[:len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+    def close(self) -> None:
+        if self._local is not None:
+            os.close(self._local)
+            self._local = None
+        super().close()
+
+    def runs(self) -> list[bytes | mmap.mmap]:
+        """The bytes kept now, as runs of consecutive blocks (each a contiguous piece of the object); once the
+        object was fetched whole, all of it (mapped)."""
         with self._lock:
+            if self._local is not None:
+                return [mmap.mmap(self._local, 0, access=mmap.ACCESS_READ)] if self._size else []
             numbers = sorted(self._blocks)
-            runs: list[bytes] = []
+            runs: list[bytes | mmap.mmap] = []
             previous = -2
             for number in numbers:
                 if number == previous + 1:
-                    runs[-1] += self._blocks[number]
+                    runs[-1] = bytes(runs[-1]) + self._blocks[number]
                 else:
                     runs.append(self._blocks[number])
                 previous = number

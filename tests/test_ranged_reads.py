@@ -196,3 +196,24 @@ def test_a_tiff_is_downloaded_once_for_all_its_pages(tmp_path: Path, processes: 
         assert isinstance(missing.error, InputError)
     finally:
         pool.close()
+
+
+def test_a_page_that_would_cost_more_requests_than_allowed_fetches_the_rest_whole_once(tmp_path: Path,
+                                                                                       big_pdf: bytes) -> None:
+    # Page 520 of a flat page tree: a request for each page dictionary before it, past the reader's allowance.
+    store = CountingStore(open_store(Settings(data_dir=tmp_path)))
+    key = original_key("7" * 64, ".pdf")
+    store.put(key, big_pdf)
+    docs = OpenDocuments(budget=1 << 30, max_requests=100)
+    try:
+        prepared = docs.prepare_ranged(key, store, len(big_pdf), VLM_SPEC, Limits(), page=PAGES, preview_side=0)
+        assert (prepared.width, prepared.height) == (2479, 3508)
+        reads = sum(store.reads.values())
+        assert reads == 101 and store.whole == 0  # 100 ranges, then all of it in one
+        assert len(big_pdf) < store.bytes < len(big_pdf) + (2 << 20)  # what the 100 read, and the file
+        before = store.bytes
+        for page in (2, 300):  # from the local copy now
+            docs.prepare_ranged(key, store, len(big_pdf), VLM_SPEC, Limits(), page=page, preview_side=0)
+        assert store.bytes == before
+    finally:
+        docs.close()

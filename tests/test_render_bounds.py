@@ -8,6 +8,7 @@ is the stand-in of ``test_page_failures``.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,11 +23,13 @@ from paperlane.retry import Action
 from paperlane.schemas import TaskSpec
 from paperlane.settings import Settings, WorkerSettings
 from paperlane.storage import jobs as jobstore
+from paperlane.storage.db import Database
 from paperlane.storage.tables import JobRow
 from paperlane.workers.bounded import BoundedPool, ProcessDied, TaskTimedOut
 from paperlane.workers.pipeline import Runtime
 from paperlane.workers.preprocess import prepare_page
 from tests import hostile_pdfs
+from tests.conftest import Stack, cli, wait_terminal
 from tests.test_page_failures import StubEngine, attempt_until_settled, page
 from tests.test_preprocess import VLM_SPEC, pdf_pages
 
@@ -125,8 +128,38 @@ def test_hostile_pages_fail_alone_with_a_reason_and_the_worker_goes_on(bounded_r
     for name, job in jobs.items():
         row = _settle(rt, job)
         assert (row.status, row.error_stage, row.attempts) == ("failed", "preprocess", 1), (name, row.error)
-        assert row.error is not None and __import__("re").match(HOSTILE[name][1], row.error), (name, row.error)
+        assert re.match(HOSTILE[name][1], row.error or ""), (name, row.error)
     for job in good:
         assert _settle(rt, job).status == "succeeded"
     assert rt.pool.replaced == 2  # the slow page's process, killed; the memory bomb's, dead
     assert rt.batcher.expected == 0
+
+
+@pytest.mark.slow
+def test_a_worker_fails_hostile_pdfs_alone_and_goes_on(stack_factory: Callable[..., Stack], worker_factory,
+                                                       tmp_path: Path) -> None:
+    stack = stack_factory(WORKER__RENDER_TIMEOUT=str(TIMEOUT), WORKER__RENDER_MEMORY_BYTES=str(MEMORY),
+                          WORKER__PREPROCESS_PROCESSES="1", WORKER__URGENT_PROCESSES="1")
+    files = {}
+    for name, data in (("annotation.pdf", hostile_pdfs.annotation_bomb()), ("memory.pdf", hostile_pdfs.slow_page(22)),
+                       ("slow.pdf", hostile_pdfs.tiling_bomb(0.03)), ("good.png", page(3)),
+                       ("good-too.png", page(4))):
+        files[name] = tmp_path / name
+        files[name].write_bytes(data)
+    worker = worker_factory(stack)
+    batch = cli(stack, "submit", *(str(files[n]) for n in ("annotation.pdf", "memory.pdf", "good.png")))
+    urgent = cli(stack, "submit", "--lane", "interactive", str(files["slow.pdf"]), str(files["good-too.png"]))
+    assert batch.returncode == 0 and urgent.returncode == 0, batch.stderr + urgent.stderr
+    ids = dict(zip(("annotation", "memory", "good", "slow", "good-too"), batch.stdout.split() + urgent.stdout.split()))
+    db = Database(stack.settings.database_url)
+    try:
+        found = wait_terminal(db, list(ids.values()))
+        rows = {name: found[job_id] for name, job_id in ids.items()}
+    finally:
+        db.dispose()
+    for name in ("annotation", "memory", "slow"):
+        row = rows[name]
+        assert (row.status, row.error_stage, row.attempts) == ("failed", "preprocess", 1), (name, row.error)
+        assert re.match(HOSTILE[name][1], row.error or ""), (name, row.error)
+    assert rows["good"].status == rows["good-too"].status == "succeeded"
+    assert worker.alive()

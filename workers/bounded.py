@@ -96,6 +96,7 @@ class BoundedPool:
         self._tasks: queue.Queue[tuple[Callable[..., Any], tuple[Any, ...], Future[Any]] | None] = queue.Queue()
         self._closed = False
         self.replaced = 0  # processes killed or found dead, and replaced
+        self._count = threading.Lock()
         # Start every process now, side by side (spawning and importing takes a second or two each).
         started = [self._start() for _ in range(processes)]
         self._threads = [threading.Thread(target=self._drive, args=(self._ready(proc),), name=f"{name}-{i}",
@@ -138,7 +139,8 @@ class BoundedPool:
             outcome = self._run(proc, conn, fn, args)
             if isinstance(outcome, TaskFailed):
                 future.set_exception(outcome)
-                self.replaced += 1
+                with self._count:
+                    self.replaced += 1
                 try:
                     proc, conn = self._ready(self._start())
                 except Exception as exc:  # noqa: BLE001 - this slot is lost; the others go on

@@ -263,11 +263,11 @@ class ImageDicts:
     """The image dictionaries of one PDF file, indexed by the last bytes of their streams (see the
     module docstring). Built on first use from the file's bytes, in one pass (~0.5 ms per MB)."""
 
-    def __init__(self, contents: Callable[[], bytes | mmap.mmap | list[bytes]]) -> None:
+    def __init__(self, contents: Callable[[], bytes | mmap.mmap | list[bytes | mmap.mmap]]) -> None:
         """``contents``: the file's bytes, asked for once, when a page first needs the index; or pieces of
         it (what a reader over the object store has read so far: the objects of the page being drawn),
         asked for and indexed at every look (an image found in no piece counts as not found)."""
-        self._contents: Callable[[], bytes | mmap.mmap | list[bytes]] | None = contents
+        self._contents: Callable[[], bytes | mmap.mmap | list[bytes | mmap.mmap]] | None = contents
         self._index: dict[bytes, tuple[bool, bool]] = {}  # tail -> (hidden entries, /ColorTransform)
         self._largest = (0, 0)
 

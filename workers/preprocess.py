@@ -405,10 +405,12 @@ class PdfFile:
     def close(self) -> None:
         with PDFIUM_LOCK:
             self.pdf.close()
+        if self.reader is not None:
+            self.reader.close()
 
 
 def open_pdf(source: bytes | str | ObjectReader, *,
-             contents: Callable[[], bytes | mmap.mmap | list[bytes]] | None = None) -> PdfFile:
+             contents: Callable[[], bytes | mmap.mmap | list[bytes | mmap.mmap]] | None = None) -> PdfFile:
     """Open a PDF from its bytes, a file path or an ``ObjectReader`` (PDFium then reads what each page
     needs, when it needs it).
 
