@@ -22,6 +22,7 @@ exception: a third-party one might not survive the trip back between processes.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import ctypes.util
 import logging
@@ -75,6 +76,7 @@ def _init_process(settings: Settings, niced: bool) -> None:
     _keep_freed_memory()
     _store = open_store(settings)
     _documents = OpenDocuments(budget=settings.worker.open_document_bytes)
+    atexit.register(_documents.close)  # before PDFium's own exit hook, which warns of documents left open
 
 
 # glibc's mallopt() parameters (malloc.h).
