@@ -63,6 +63,10 @@ def _sleep(seconds: float) -> float:
     return seconds
 
 
+def _unpicklable() -> object:
+    return lambda: None
+
+
 def _abort() -> None:
     import os
 
@@ -73,6 +77,7 @@ def test_a_bounded_pool_fails_only_the_task_that_killed_its_process() -> None:
     pool = BoundedPool(1, name="test", memory_bytes=0, timeout=5.0)  # importing this module counts
     try:
         crashed, slow = pool.submit(_abort), pool.submit(_sleep, 30)
+        odd, unsent = pool.submit(_unpicklable), pool.submit(_square, lambda: 1)
         after = [pool.submit(_square, i) for i in range(5)]
         with pytest.raises(ProcessDied, match=r"SIGABRT"):
             crashed.result(timeout=60)
@@ -80,6 +85,9 @@ def test_a_bounded_pool_fails_only_the_task_that_killed_its_process() -> None:
         with pytest.raises(TaskTimedOut, match=r"^ran longer than 5 s$"):
             slow.result(timeout=60)
         assert time.monotonic() - t0 < 20  # killed at its limit, not slept out
+        for bad in (odd, unsent):  # a result or arguments that do not pickle: that task's error, no process lost
+            with pytest.raises(Exception, match=r"pickle|lambda"):
+                bad.result(timeout=60)
         assert [f.result(timeout=60) for f in after] == [0, 1, 4, 9, 16]
         assert pool.replaced == 2
     finally:

@@ -141,15 +141,24 @@ class BoundedPool:
                 future.set_exception(outcome)
                 with self._count:
                     self.replaced += 1
-                try:
-                    proc, conn = self._ready(self._start())
-                except Exception as exc:  # noqa: BLE001 - this slot is lost; the others go on
-                    log.error("%s: cannot replace a process (%s); one process fewer", self._name, exc)
+                replaced = self._replace()
+                if replaced is None:
                     return
+                proc, conn = replaced
             elif outcome[0]:
                 future.set_result(outcome[1])
             else:
                 future.set_exception(outcome[1])
+
+    def _replace(self) -> tuple[BaseProcess, Connection] | None:
+        """A new process for a slot whose process is gone, tried until one starts (None: the pool closed)."""
+        while not self._closed:
+            try:
+                return self._ready(self._start())
+            except Exception as exc:  # noqa: BLE001 - the machine is short of something: try again
+                log.error("%s: cannot start a process (%s); trying again", self._name, exc)
+                time.sleep(1.0)
+        return None
 
     def _run(self, proc: BaseProcess, conn: Connection, fn: Callable[..., Any],
              args: tuple[Any, ...]) -> tuple[bool, Any] | TaskFailed:
@@ -161,7 +170,9 @@ class BoundedPool:
                 answer: tuple[bool, Any] = conn.recv()
                 return answer
         except (EOFError, OSError):
-            pass
+            pass  # the process is gone
+        except Exception as exc:  # noqa: BLE001 - a task whose arguments or result do not pickle: its own error
+            return False, exc
         else:
             _kill(proc, conn)
             log.warning("%s: a task ran %.1f s, past its %g s limit: its process killed", self._name,

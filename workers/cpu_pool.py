@@ -135,9 +135,9 @@ def _prepare_key(key: str, page_number: int, spec: InputSpec, limits: Limits, pr
                         traceback.format_exc())
 
 
-def _over_memory(limit: int | None = None) -> OverLimit:
+def _over_memory() -> OverLimit:
     return OverLimit(f"preparing this page needs more memory than a worker gives one page "
-                     f"({(limit or _memory_limit) / 2**20:.0f} MiB)", stage="preprocess")
+                     f"({_memory_limit / 2**20:.0f} MiB)", stage="preprocess")
 
 
 def _failed_in_process(exc: BaseException, settings: Settings) -> PaperlaneError:
@@ -173,11 +173,12 @@ class CpuPool:
                  "worker.preprocess_processes" if setting is not None
                  else f"{cpus:g} CPUs usable, less {WORKER_OWN_CPUS} for the worker itself",
                  cfg.urgent_processes if self._processes else 0)
-        self._threads: ThreadPoolExecutor | None = None
+        self._threads: tuple[ThreadPoolExecutor, ThreadPoolExecutor] | None = None  # batch, urgent
         self._pool: BoundedPool | None = None
         self._urgent: BoundedPool | None = None
         if self._processes == 0:
-            self._threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="preprocess")
+            self._threads = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="preprocess"),
+                             ThreadPoolExecutor(max_workers=2, thread_name_prefix="preprocess-urgent"))
         else:
             bounds = {"memory_bytes": cfg.render_memory_bytes, "timeout": cfg.render_timeout,
                       "initializer": _init_process}
@@ -201,7 +202,7 @@ class CpuPool:
             source = spool.acquire(key) if spool is not None else Source()
             args = (key, page, spec, self._limits, self._preview_side, source, time.perf_counter() - t0)
             if self._threads is not None:
-                future = self._threads.submit(_prepare_key, *args, self._store, self._documents)
+                future = self._threads[1 if urgent else 0].submit(_prepare_key, *args, self._store, self._documents)
             else:
                 bounded = self._urgent if urgent else self._pool
                 assert bounded is not None
@@ -234,8 +235,8 @@ class CpuPool:
         for pool in (self._urgent, self._pool):
             if pool is not None:
                 pool.close()
-        if self._threads is not None:
-            self._threads.shutdown(wait=True, cancel_futures=True)
+        for threads in self._threads or ():
+            threads.shutdown(wait=True, cancel_futures=True)
         self._documents.close()
         if self._spool is not None:
             self._spool.close()
