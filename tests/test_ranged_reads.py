@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 from paperlane.errors import InputError, ObjectNotFound
-from paperlane.settings import Settings, StorageBackend, StorageSettings, WorkerSettings
+from paperlane.settings import IngestSettings, Settings, StorageBackend, StorageSettings, WorkerSettings
 from paperlane.storage.objects import open_store, original_key
 from paperlane.storage.reader import ObjectReader
 from paperlane.storage.s3 import S3Store
@@ -217,3 +217,19 @@ def test_a_page_that_would_cost_more_requests_than_allowed_fetches_the_rest_whol
         assert store.bytes == before
     finally:
         docs.close()
+
+
+@pytest.mark.parametrize("ext", [".jpg", ".pdf", ".tif"])
+def test_the_pool_refuses_an_original_too_large_for_a_worker_without_reading_it(tmp_path: Path, ext: str) -> None:
+    settings = Settings(data_dir=tmp_path / "data", ingest=IngestSettings(max_document_bytes=1 << 20),
+                        worker=WorkerSettings(preprocess_processes=0, max_input_bytes=1 << 20))
+    store = CountingStore(open_store(settings))
+    key = original_key("8" * 64, ext)
+    store.put(key, bytes(3 << 20))
+    pool = CpuPool(settings, store=store)
+    try:
+        prepared = pool.submit(key, VLM_SPEC).result()
+        assert isinstance(prepared.error, InputError) and str(prepared.error) == "file too large (3 MiB, limit 1 MiB)"
+        assert store.reads == {}
+    finally:
+        pool.close()

@@ -38,7 +38,7 @@ from paperlane.settings import Settings
 from paperlane.storage.objects import ObjectStore, open_store
 from paperlane.workers.bounded import BoundedPool, ProcessDied, TaskFailed, TaskTimedOut
 from paperlane.workers.cpus import WORKER_OWN_CPUS, available_cpus, pool_processes
-from paperlane.workers.doccache import OpenDocuments, Source, Spool, spooled_kind
+from paperlane.workers.doccache import OpenDocuments, Source, Spool, read_whole, spooled_kind
 from paperlane.workers.preprocess import Limits, PreparedPage, prepare_page
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,8 @@ def _prepare_key(key: str, page_number: int, spec: InputSpec, limits: Limits, pr
             page = documents.prepare_ranged(key, store, source.size, spec, limits, page=page_number,
                                             preview_side=preview_side)
         else:
-            page = prepare_page(store.get(key), spec, limits, page=page_number, preview_side=preview_side)
+            page = prepare_page(read_whole(store, key, limits.max_bytes), spec, limits, page=page_number,
+                                preview_side=preview_side)
         return Prepared(page, None, time.perf_counter() - t0)
     except OutOfMemory as exc:
         # Under this process's own memory limit running out is the page's doing, not the machine's.

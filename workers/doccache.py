@@ -55,6 +55,22 @@ def spooled_kind(key: str) -> bool:
     return span is None and base.lower().endswith(_SPOOLED)
 
 
+def checked_size(store: ObjectStore, key: str, max_bytes: int) -> int:
+    """The size of the original under ``key``, looked up without reading it. Raises InputError when it is
+    larger than ``max_bytes``, and what the store raises."""
+    size = store.size(key)
+    if size > max_bytes:
+        raise InputError(f"file too large ({size / 2**20:.0f} MiB, limit {max_bytes / 2**20:.0f} MiB)",
+                         stage="preprocess")
+    return size
+
+
+def read_whole(store: ObjectStore, key: str, max_bytes: int) -> bytes:
+    """The original under ``key``, whole, once its size says a worker takes it (``checked_size``)."""
+    checked_size(store, key, max_bytes)
+    return store.get(key)
+
+
 @dataclass(frozen=True)
 class Source:
     """Where a page's process reads an original: ``path``, a local copy; else, when ``ranged``, the store
@@ -121,10 +137,7 @@ class Spool:
         return entry.source
 
     def _fetch(self, key: str) -> tuple[Source, int]:
-        size = self._store.size(key)
-        if size > self._max_bytes:
-            raise InputError(f"file too large ({size / 2**20:.0f} MiB, limit {self._max_bytes / 2**20:.0f} MiB)",
-                             stage="preprocess")
+        size = checked_size(self._store, key, self._max_bytes)
         is_pdf = key.lower().endswith(".pdf")
         if is_pdf and self._ranged_above is not None and size > self._ranged_above:
             return Source(ranged=True, size=size), 0
