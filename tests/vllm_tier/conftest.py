@@ -72,7 +72,16 @@ def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     yield from _serve(tiny_model, tmp_path_factory.mktemp("vllm"), "--scheduling-policy", "priority")
 
 
-def _serve(model: Path, root: Path, *extra: str) -> Iterator[VllmServer]:
+@pytest.fixture(scope="module")
+def paced_vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """A server whose engine takes at least 10 ms a step (at most 100 tokens/s a sequence, a slow GPU's pace):
+    on this CPU the tiny model otherwise decodes faster than its own API process streams, so an answer can be
+    decoded to its end before the client that stops reading it has seen a third of it."""
+    yield from _serve(tiny_model, tmp_path_factory.mktemp("vllm-paced"), "--scheduling-policy", "priority",
+                      env={"PAPERLANE_VLLM_STEP_SECONDS": "0.01"})
+
+
+def _serve(model: Path, root: Path, *extra: str, env: dict[str, str] | None = None) -> Iterator[VllmServer]:
     port = free_port()
     log = root / "server.log"
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
@@ -80,7 +89,7 @@ def _serve(model: Path, root: Path, *extra: str) -> Iterator[VllmServer]:
            "--max-num-seqs", "16", "--dtype", "float32", "--enforce-eager",
            "--limit-mm-per-prompt", '{"image":1}', "--served-model-name", SERVED_NAME,
            "--no-enable-prefix-caching", "--mm-processor-cache-gb", "0", *extra]
-    proc = subprocess.Popen(cmd, env=tier_env(), stdout=log.open("wb"), stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(cmd, env={**tier_env(), **(env or {})}, stdout=log.open("wb"), stderr=subprocess.STDOUT,
                             start_new_session=True)
     server = VllmServer(f"http://127.0.0.1:{port}/v1", proc, log)
     try:

@@ -14,6 +14,8 @@ batch gets another image's features (log: "Encoder returned a different number o
 the wrong result is then reused by vLLM's caches for later requests with the same image. Single requests match
 transformers exactly. Fix: encode the items of a batch one at a time (same results as transformers).
 
+And one switch that is no fix: ``PAPERLANE_VLLM_STEP_SECONDS`` paces the engine's steps (``_pace_engine_core``).
+
 This module is found as ``sitecustomize`` because the tier puts ``tests/vllm_tier`` on PYTHONPATH; processes
 spawned by the engine inherit PYTHONPATH and therefore the fixes. At interpreter start it only inserts a tiny
 finder into ``sys.meta_path`` (no import of vllm or torch); each patch is applied right after its module
@@ -100,8 +102,32 @@ def _patch_transformers_multimodal(module) -> None:
     mixin._process_vision_input = _process_vision_input
 
 
+def _pace_engine_core(module) -> None:
+    """Not a bug fix: ``PAPERLANE_VLLM_STEP_SECONDS`` makes every engine step last at least that long (a test
+    server paced like a slower accelerator; see conftest's ``paced_vllm_server``)."""
+    seconds = float(os.environ.get("PAPERLANE_VLLM_STEP_SECONDS") or 0)
+    core = getattr(module, "EngineCore", None)
+    original = getattr(core, "step", None)
+    if seconds <= 0 or original is None or getattr(original, "_paperlane_paced", False):
+        return
+    import time
+
+    def step(self, *args, **kwargs):
+        t0 = time.monotonic()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            time.sleep(max(0.0, seconds - (time.monotonic() - t0)))
+
+    step.__doc__ = original.__doc__
+    step.__wrapped__ = original  # type: ignore[attr-defined]
+    step._paperlane_paced = True  # type: ignore[attr-defined]
+    core.step = step
+
+
 # module name -> patch applied right after the module has been executed
 _PATCHES = {
+    "vllm.v1.engine.core": _pace_engine_core,
     "vllm._custom_ops": _patch_custom_ops,
     "vllm.model_executor.models.transformers.multimodal": _patch_transformers_multimodal,
 }
