@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import random
 import sys
 import time
@@ -26,6 +25,7 @@ from paperlane.formats import archive_files, page_bytes
 from paperlane.formats.view import PageView, page_view
 from paperlane.layout import order_lines
 from paperlane.schemas import EngineInfo, JobStatus, Line, OutputFormat, PageResult, Word
+from paperlane.workers.document_files import page_json
 
 WORDS = ("invoice total amount paid customer account number date order shipping address payment balance "
          "receipt quantity price tax discount reference delivery company limited street 12.00 2024").split()
@@ -51,8 +51,8 @@ def page(seed: int, lines: int) -> PageResult:
                       height=3508, engine=EngineInfo(name="rapidocr", version="3.4.0", model="PP-OCR (bundled)"))
 
 
-def _json(result: PageResult) -> bytes:  # what every page costs today (the pipeline's result_json)
-    return json.dumps(result.model_dump(mode="json"), ensure_ascii=False, separators=(",", ":")).encode()
+def _json(result: PageResult) -> bytes:  # what every page costs today (the result JSON the pipeline stores)
+    return page_json(result)
 
 
 def _cpu_ms(work: Callable[[Any], object], pages: list[Any]) -> float:

@@ -40,6 +40,7 @@ their characters' widths (wide CJK characters count double), marked ``estimated`
 
 from __future__ import annotations
 
+import functools
 import re
 import statistics
 import unicodedata
@@ -304,6 +305,7 @@ _SPACE = 0.3  # the width of a space, in ems
 _NARROW = frozenset(".,:;'!|`\"()[]{}ilIjft1")
 
 
+@functools.lru_cache(maxsize=8192)
 def _width(ch: str) -> float:
     """A character's rough advance in ems: what a proportional font of the script gives on average."""
     if unicodedata.combining(ch) or unicodedata.category(ch) in ("Mn", "Me", "Cf"):

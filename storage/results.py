@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -17,12 +17,16 @@ from paperlane.storage.tables import DocumentRow, JobRow
 log = logging.getLogger(__name__)
 
 
-def page_result(store: ObjectStore, job: JobRow, *, source: str, page_no: int) -> PageResult:
-    """A page's result: its job's stored result, or a failed one saying why there is none."""
+def page_result(store: ObjectStore, job: JobRow, *, source: str, page_no: int,
+                known: Mapping[str, PageResult] | None = None) -> PageResult:
+    """A page's result: its job's stored result (``known[job.id]`` when the caller holds what it stored), or a
+    failed one saying why there is none."""
     result: PageResult | None = None
-    if job.status == JobStatus.SUCCEEDED.value and job.result_key:
+    if job.status == JobStatus.SUCCEEDED.value and job.result_key and known and job.id in known:
+        result = known[job.id]
+    elif job.status == JobStatus.SUCCEEDED.value and job.result_key:
         try:
-            result = PageResult.model_validate(json.loads(store.get(job.result_key)))
+            result = PageResult.model_validate_json(store.get(job.result_key))
         except (PaperlaneError, ValueError) as exc:
             log.warning("stored result of job %s unreadable (%s)", job.id, exc)
     if result is None:
@@ -40,12 +44,14 @@ class DocumentResults:
     finished: dict[int, datetime]  # page number -> when its job became final (a page not final has none)
 
 
-def document_results(db: Database, store: ObjectStore, document_id: str) -> DocumentResults:
-    """The document and its pages' results (one read of each page's stored result). Raises DocumentNotFound."""
+def document_results(db: Database, store: ObjectStore, document_id: str, *,
+                     known: Mapping[str, PageResult] | None = None) -> DocumentResults:
+    """The document and its pages' results (one read of each page's stored result, but for the pages in ``known``:
+    job id -> the result the caller stored for it). Raises DocumentNotFound."""
     document = ingests.get_document(db, document_id)
     pages, finished = [], {}
     for page, job in ingests.document_pages(db, document_id):
-        pages.append(page_result(store, job, source=document.source, page_no=page.page_no))
+        pages.append(page_result(store, job, source=document.source, page_no=page.page_no, known=known))
         if (at := as_utc(job.finished_at)) is not None:
             finished[page.page_no] = at
     return DocumentResults(document, pages, finished)

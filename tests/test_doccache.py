@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import sys
 import threading
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -56,11 +57,16 @@ class CountingStore:
 
 def scanned_pdf(pages: int, *, size: tuple[int, int] = (310, 438), seed: int = 0) -> bytes:
     """A PDF of ``pages`` A4 pages, each one small JPEG scan (distinct bytes per page)."""
+    return pdf_of_jpegs(jpeg_of(scan_image(size=size, seed=seed + i)) for i in range(pages))
+
+
+def pdf_of_jpegs(jpegs: Iterable[bytes]) -> bytes:
+    """A PDF of A4 pages, each one of ``jpegs`` covering it (as a scanner writes them)."""
     pdf = pdfium.PdfDocument.new()
-    for i in range(pages):
+    for jpeg in jpegs:
         page = pdf.new_page(595, 842)
         image = pdfium.PdfImage.new(pdf)
-        image.load_jpeg(io.BytesIO(jpeg_of(scan_image(size=size, seed=seed + i))), inline=True)
+        image.load_jpeg(io.BytesIO(jpeg), inline=True)
         image.set_matrix(pdfium.PdfMatrix(595, 0, 0, 842, 0, 0))
         page.insert_obj(image)
         page.gen_content()

@@ -17,7 +17,8 @@ from paperlane.storage import outputs as recorded
 from paperlane.storage.db import Database, utcnow
 from paperlane.storage.localfs import LocalStore
 from paperlane.storage.objects import document_key, result_key
-from paperlane.workers.outputs import Writer
+from paperlane.workers.document_files import page_json
+from paperlane.workers.outputs import Writer, build_outputs
 from tests.pages import tiny_page
 from tests.test_ingests import doc, succeed
 from tests.test_tenants import _submit
@@ -147,3 +148,26 @@ class _Counting:
 
     def url(self, key: str) -> str:
         return self.store.url(key)
+
+
+def test_the_finishing_worker_builds_from_what_it_stored_the_same_files_as_a_reader_of_the_store(
+        db: Database, tmp_path: Path) -> None:
+    # The worker that finishes a document passes the result it just stored (``known``) instead of reading it
+    # back: the files must be those that anyone reading the store builds.
+    store = LocalStore(tmp_path / "objects")
+    [page] = _submit(db, store, [doc("a", tiny_page(1))], ingests.Owner())
+    job = jobstore.start_attempt(db, page.job_id, policy=RetryPolicy())
+    assert job is not None
+    line = Line(text="Ünïcode 1.5", confidence=0.937, quad=[(1.5, 2), (90, 2), (90, 14), (1.5, 14)])
+    result = PageResult(job_id=job.id, source=job.source, page=1, status=JobStatus.SUCCEEDED, text=line.text,
+                        lines=[line], width=100, height=40, engine=EngineInfo(name="stub", version="1"))
+    store.put(result_key(job.id), page_json(result))
+    jobstore.finish_succeeded(db, job, result, engine="stub", result_key=result_key(job.id), annotated_key=None,
+                              timings={})
+    formats = tuple(OutputFormat)
+    known = build_outputs(db, store, page.document_id, formats=formats, known={job.id: result})
+    read = build_outputs(db, store, page.document_id, formats=formats)
+    assert known.files.keys() == read.files.keys() and len(read.files) >= len(formats)
+    assert all(known.files[key] == data for key, data in read.files.items())
+    store.put(result_key(job.id), b"not json")  # known: the store is not read for it
+    assert build_outputs(db, store, page.document_id, formats=formats, known={job.id: result}).files == known.files

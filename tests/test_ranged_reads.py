@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import io
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import cv2
 import numpy as np
-import pypdfium2 as pdfium
 import pytest
 from PIL import Image
 
@@ -26,7 +26,7 @@ from paperlane.workers.cpu_pool import CpuPool
 from paperlane.workers.doccache import OpenDocuments, Spool
 from paperlane.workers.preprocess import Limits
 from tests.services import S3_KEY, S3_SECRET, Service
-from tests.test_doccache import CountingStore, scanned_pdf
+from tests.test_doccache import CountingStore, pdf_of_jpegs, scanned_pdf
 from tests.test_preprocess import VLM_SPEC
 
 PAGES = 520
@@ -35,22 +35,14 @@ PAGES = 520
 def large_pdf(pages: int = PAGES, *, side: tuple[int, int] = (420, 594)) -> bytes:
     """``pages`` A4 pages, each one noisy grey JPEG of ~100 kB (noise does not compress): ~50 MB."""
     rng = np.random.default_rng(7)
-    pdf = pdfium.PdfDocument.new()
-    for i in range(pages):
-        pixels = rng.integers(0, 256, (side[1], side[0]), dtype=np.uint8)
-        cv2.putText(pixels, f"page {i + 1}", (20, 60), cv2.FONT_HERSHEY_SIMPLEX, 1.5, 0, 3)
-        jpeg = cv2.imencode(".jpg", pixels, [cv2.IMWRITE_JPEG_QUALITY, 75])[1].tobytes()
-        page = pdf.new_page(595, 842)
-        image = pdfium.PdfImage.new(pdf)
-        image.load_jpeg(io.BytesIO(jpeg), inline=True)
-        image.set_matrix(pdfium.PdfMatrix(595, 0, 0, 842, 0, 0))
-        page.insert_obj(image)
-        page.gen_content()
-        page.close()
-    buf = io.BytesIO()
-    pdf.save(buf)
-    pdf.close()
-    return buf.getvalue()
+
+    def jpegs() -> Iterator[bytes]:
+        for i in range(pages):
+            pixels = rng.integers(0, 256, (side[1], side[0]), dtype=np.uint8)
+            cv2.putText(pixels, f"page {i + 1}", (20, 60), cv2.FONT_HERSHEY_SIMPLEX, 1.5, 0, 3)
+            yield cv2.imencode(".jpg", pixels, [cv2.IMWRITE_JPEG_QUALITY, 75])[1].tobytes()
+
+    return pdf_of_jpegs(jpegs())
 
 
 @pytest.fixture(scope="module")

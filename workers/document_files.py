@@ -87,18 +87,29 @@ _UNLAYERED_TASKS = (Task.FIELDS, Task.TRANSLATE)
 _MARK_RGB = (200, 0, 0)
 
 
+def page_json(result: PageResult) -> bytes:
+    """A page's result JSON, compact UTF-8: what is stored for it, and its ``?format=json``."""
+    return result.model_dump_json().encode()
+
+
 def document_json(*, document_id: str, source: str, name: str, pages: Sequence[PageResult]) -> bytes:
     """The document JSON, UTF-8: its ids, ``page_count``, ``counts`` by status (every status a key),
-    ``failed_pages`` (page numbers) and ``pages``: every page's full result in page order."""
+    ``failed_pages`` (page numbers) and ``pages``: every page's full result in page order.
+
+    Indented two spaces; the pages are serialised by pydantic (json's indenting encoder is pure Python, and
+    took 8 ms for one page of 45 kB) and spliced in at their depth."""
     ordered = _in_order(pages)
     counts = Counter(p.status for p in ordered)
     doc = {
         "document_id": document_id, "source": source, "name": name, "page_count": len(ordered),
         "counts": {status.value: counts[status] for status in JobStatus},
         "failed_pages": [p.page for p in ordered if p.status is JobStatus.FAILED],
-        "pages": [p.model_dump(mode="json") for p in ordered],
     }
-    return (json.dumps(doc, ensure_ascii=False, indent=2) + "\n").encode()
+    head = json.dumps(doc, ensure_ascii=False, indent=2)[:-2]  # without its closing "\n}"
+    if not ordered:
+        return (head + ',\n  "pages": []\n}\n').encode()
+    body = ",\n    ".join(p.model_dump_json(indent=2).replace("\n", "\n    ") for p in ordered)
+    return (head + ',\n  "pages": [\n    ' + body + "\n  ]\n}\n").encode()
 
 
 def document_markdown(pages: Sequence[PageResult]) -> str:
@@ -639,7 +650,7 @@ def page_output(fmt: OutputFormat, result: PageResult, *, name: str, page_count:
                 original: bytes | None = None, ext: str = "", created: datetime | None = None) -> bytes:
     """One page in ``fmt``; ``original`` (the document's file, for the PDF) and ``ext`` name its image."""
     if fmt is OutputFormat.JSON:
-        return json.dumps(result.model_dump(mode="json"), ensure_ascii=False, separators=(",", ":")).encode()
+        return page_json(result)
     if fmt is OutputFormat.MD:
         return document_markdown([result]).encode()
     if fmt is OutputFormat.PDF:

@@ -33,8 +33,9 @@ from paperlane.schemas import JobStatus, OutputFormat, PageResult, TaskSpec
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.results import page_result
 from paperlane.workers.attempts import Settled, settle
+from paperlane.workers.document_files import page_json
 from paperlane.workers.outputs import Writer
-from paperlane.workers.pipeline import PageOutcome, Runtime, process_page, result_json
+from paperlane.workers.pipeline import PageOutcome, Runtime, process_page
 from paperlane.workers.render import format_of
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ class _OutputWriter:
         stem = self._stem(page)
         name = stem if page.page_count == 1 else f"{stem}-p{page.page_no}"
         result = result.model_copy(update={"source": page.source, "page": page.page_no})
-        (self.out_dir / f"{name}.json").write_bytes(result_json(result))
+        (self.out_dir / f"{name}.json").write_bytes(page_json(result))
         if image is not None:
             # A page done by an earlier run may have been stored in another format: its bytes say which.
             # "<name>.annotated.jpg", never "<name>.jpg": run with --out on the input folder must not

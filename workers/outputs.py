@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from paperlane.errors import public_reason
@@ -54,11 +54,12 @@ class Writer:
     max_pixels: int = 150_000_000
     formats: tuple[OutputFormat, ...] = DEFAULT_OUTPUT_FORMATS
 
-    def write(self, document_id: str) -> DocumentOutputs | None:
+    def write(self, document_id: str, *, known: Mapping[str, PageResult] | None = None) -> DocumentOutputs | None:
         """Claim the document's due outputs and write them; None when they are not due, another writer holds
-        them, or this try failed (recorded for a retry, or as failed)."""
+        them, or this try failed (recorded for a retry, or as failed). ``known``: job id -> the result this
+        process just stored for it, used instead of reading it back."""
         held = recorded.claim(self.db, document_id, now=utcnow(), hold=self.hold)
-        return self._written(held) if held is not None else None
+        return self._written(held, known) if held is not None else None
 
     def write_due(self, *, limit: int = 10) -> int:
         """Write outputs nobody holds that are due (their writer died, or a failed try's backoff is over); how
@@ -66,10 +67,10 @@ class Writer:
         return sum(self._written(held) is not None
                    for held in recorded.claim_due(self.db, now=utcnow(), hold=self.hold, limit=limit))
 
-    def _written(self, held: recorded.Claim) -> DocumentOutputs | None:
+    def _written(self, held: recorded.Claim, known: Mapping[str, PageResult] | None = None) -> DocumentOutputs | None:
         try:
             built = build_outputs(self.db, self.store, held.document_id, formats=self.formats,
-                                  max_pixels=self.max_pixels)
+                                  max_pixels=self.max_pixels, known=known)
             count = len(built.pages)
             for (fmt, page), data in built.files.items():
                 self.store.put(document_key(held.document_id, fmt, page, count), data,
@@ -92,10 +93,11 @@ class Writer:
 
 def build_outputs(db: Database, store: ObjectStore, document_id: str, *,
                   formats: Collection[OutputFormat] = DEFAULT_OUTPUT_FORMATS,
-                  max_pixels: int = 150_000_000) -> DocumentOutputs:
+                  max_pixels: int = 150_000_000, known: Mapping[str, PageResult] | None = None) -> DocumentOutputs:
     """Read the document's pages (and its original, for the PDF) and build its outputs in ``formats``; nothing is
-    written. Page files are named after the document's id (as the METS refers to them)."""
-    read = document_results(db, store, document_id)
+    written. Page files are named after the document's id (as the METS refers to them). ``known``: see
+    ``storage.results.document_results``."""
+    read = document_results(db, store, document_id, known=known)
     document, pages = read.document, read.pages
     files: dict[FileKey, bytes] = {}
     if OutputFormat.JSON in formats:

@@ -12,7 +12,6 @@ their way is balanced on every path.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -32,6 +31,7 @@ from paperlane.storage.tables import JobRow
 from paperlane.workers.answers import EngineAnswers
 from paperlane.workers.batcher import MicroBatcher
 from paperlane.workers.cpu_pool import CpuPool, Prepared
+from paperlane.workers.document_files import page_json
 from paperlane.workers.postprocess import build_result
 from paperlane.workers.preprocess import PreparedPage
 from paperlane.workers.render import annotate
@@ -220,7 +220,7 @@ def _finish(rt: Runtime, job: JobRow, spec: TaskSpec, page: PreparedPage, output
     timings[Stage.STORE.value] = time.perf_counter() - t1
     result.timings = dict(timings)
     json_key = result_key(job.id)
-    rt.store.put(json_key, result_json(result), content_type="application/json")
+    rt.store.put(json_key, page_json(result), content_type="application/json")
     timings[Stage.STORE.value] = time.perf_counter() - t1
     finished = jobstore.finish_succeeded(rt.db, job, result, engine=_engine_name(result.engine or rt.engine.info),
                                          result_key=json_key,
@@ -253,10 +253,6 @@ def _engine_name(info: EngineInfo) -> str:
     """The job row's engine: the one that read the page (``rapidocr ... fallback for vllm`` for a fallback)."""
     fallback = f" fallback for {info.fallback_for}" if info.fallback_for else ""
     return f"{info.name} {info.version}{fallback}"[:64]
-
-
-def result_json(result: PageResult) -> bytes:
-    return json.dumps(result.model_dump(mode="json"), ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def _known_timings(job: JobRow) -> dict[str, float]:

@@ -177,8 +177,9 @@ class Worker:
                                EngineWork.of(outcome.result, outcome.timings))
         if decision.action in (Action.RETRY, Action.HANDED_BACK):  # handed back: its worker is stopping, due now
             self._delay(DelayedPage(job.id, Lane(job.lane), job.message_priority, share), decision.delay)
+        stored = {job.id: outcome.result} if decision.action is Action.DONE else None
         for document_id in settled.outputs_due:
-            self.writer.write(document_id)
+            self.writer.write(document_id, known=stored)
         return decision.action.value
 
     def _delay(self, page: DelayedPage, delay: float) -> None:
