@@ -77,6 +77,7 @@ from paperlane.storage.db import Database
 from paperlane.storage.objects import open_store
 from paperlane.storage.tables import JobRow
 from tests.sim_engine import SimEngine, start_sim_engine
+from tests.sim_shape import SHAPES
 
 # Above the max_tokens the client sends (4096) until the client reads max_model_len from /v1/models.
 MAX_MODEL_LEN = 32768
@@ -117,6 +118,8 @@ def main() -> int:
     p.add_argument("--slots", type=int, default=16, help="--fixed: the engine's sequences at once")
     p.add_argument("--latency", type=float, default=0.32, help="--fixed: seconds each page holds an engine slot")
     p.add_argument("--processes", type=int, default=2, help="CPU preprocessing processes")
+    p.add_argument("--shape", default=ENGINE_SHAPE, choices=sorted(SHAPES), help="the engine's shape "
+                   "(tests/sim_shape.py): a whole H200 by default; quarter-h200-hunyuanocr asks a quarter of it")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a paperlane setting as in the environment without the prefix, e.g. ENGINE__MAX_IN_FLIGHT=32")
     p.add_argument("--embedded", action="store_true", help="measure `paperlane run` instead of a worker")
@@ -131,7 +134,7 @@ def main() -> int:
                                    max_model_len=MAX_MODEL_LEN)
         else:
             pages = iter(list(stamped_scans(args.pages)))  # drawn before any clock starts
-            sim = start_sim_engine(root / "sim", shape=ENGINE_SHAPE, scheduling_policy="priority",
+            sim = start_sim_engine(root / "sim", shape=args.shape, scheduling_policy="priority",
                                    max_model_len=MAX_MODEL_LEN)
             args.set = [f"ENGINE__MAX_IN_FLIGHT={MAX_IN_FLIGHT}", *args.set]
         try:

@@ -125,6 +125,9 @@ def main() -> int:
     p.add_argument("--fixed", action="store_true", help="the fixed-latency engine (--slots x --latency)")
     p.add_argument("--slots", type=int, default=16, help="--fixed: the engine's sequences at once")
     p.add_argument("--latency", type=float, default=0.32, help="--fixed: seconds each page holds an engine slot")
+    p.add_argument("--shape", default=ENGINE_SHAPE, choices=sorted(SHAPES),
+                   help="the engine's shape (tests/sim_shape.py); quarter-h200-hunyuanocr where the CPU side cannot "
+                        "keep a whole H200's 40 sequences busy (2 cores)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -133,12 +136,12 @@ def main() -> int:
             sim = start_sim_engine(root / "sim", slots=args.slots, latency=args.latency, scheduling_policy="priority",
                                    max_model_len=MAX_MODEL_LEN)
         else:
-            sim = start_sim_engine(root / "sim", shape=ENGINE_SHAPE, scheduling_policy="priority",
+            sim = start_sim_engine(root / "sim", shape=args.shape, scheduling_policy="priority",
                                    max_model_len=MAX_MODEL_LEN)
         try:
             config = write_config(svc, root, **({} if args.fixed else {"ENGINE__MAX_IN_FLIGHT": str(MAX_IN_FLIGHT)}))
             sub = Submitter(config)
-            pages = interactive_pages(2 * (args.samples + 1), fixed=args.fixed)
+            pages = interactive_pages(2 * (args.samples + 1), fixed=args.fixed, shape_name=args.shape)
             idle, idle_stages = measure_idle(sub, config, sim, root, pages[0::2])
             t0 = time.perf_counter()
             for _ in range(args.backlog // 500):
@@ -158,13 +161,13 @@ def main() -> int:
     return 0
 
 
-def interactive_pages(count: int, *, fixed: bool) -> list[int]:
+def interactive_pages(count: int, *, fixed: bool, shape_name: str = ENGINE_SHAPE) -> list[int]:
     """Numbers of ``count`` pages for the interactive lane whose answers on the shaped engine are within 10%
     of its median length (any pages on the fixed engine: every page alike there)."""
     first = 1_000_000  # far from the backlog's numbers
     if fixed:
         return list(range(first, first + count))
-    shape = SHAPES[ENGINE_SHAPE]
+    shape = SHAPES[shape_name]
     found: list[int] = []
     for n in range(first, first + 50 * count):
         tokens = PageDraw.of(engine_image_id(small_page(n)), TaskSpec().task, shape, Behaviour()).tokens
