@@ -38,7 +38,10 @@ class PriorityLimiter:
 
     The client-side twin of vLLM's priority scheduling: when a worker has more pages ready than it
     may have at the server, an interactive page takes the next free place ahead of the batch pages
-    already waiting (an ``asyncio.Semaphore`` would serve them first come, first served).
+    already waiting (an ``asyncio.Semaphore`` would serve them first come, first served). An ``urgent``
+    holder (an interactive page) does not wait at all: it takes a place over the limit if none is free,
+    and the places it borrowed are paid back before any waiter gets in (interactive pages are few: the
+    worker's lane scheduler bounds them; the server's priority queue puts them first there too).
     Used from one event loop only.
     """
 
@@ -48,8 +51,11 @@ class PriorityLimiter:
         self._seq = itertools.count()
 
     @contextlib.asynccontextmanager
-    async def slot(self, priority: int) -> AsyncIterator[None]:
-        await self._acquire(priority)
+    async def slot(self, priority: int, *, urgent: bool = False) -> AsyncIterator[None]:
+        if urgent:
+            self._free -= 1  # at once, if need be over the limit (below 0: owed back)
+        else:
+            await self._acquire(priority)
         try:
             yield
         finally:
@@ -69,6 +75,9 @@ class PriorityLimiter:
             raise  # a cancelled waiter left in the heap is skipped by _release
 
     def _release(self) -> None:
+        if self._free < 0:  # a place an urgent holder borrowed: paid back, nobody gets in
+            self._free += 1
+            return
         while self._waiters:
             _, _, fut = heapq.heappop(self._waiters)
             if not fut.done():

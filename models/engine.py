@@ -95,6 +95,8 @@ class EngineRequest:
     # ``--scheduling-policy priority``) serve lower numbers first, so an interactive page
     # overtakes the batch backlog inside the engine too.
     priority: int = 0
+    # An interactive page: engines that bound their requests in flight let it past that bound at once.
+    urgent: bool = False
 
 
 @dataclass

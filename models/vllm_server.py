@@ -51,6 +51,7 @@ _IMAGE_SLOT_JSON = json.dumps(_IMAGE_SLOT).encode()
 # release (encode/httpcore#1035, pydantic/httpx2#1169): with 80 pages at the server that was ~8 ms of a
 # worker's CPU per page. Pages are spread over pools of at most this many connections instead.
 _POOL_CONNECTIONS = 16
+_URGENT_CONNECTIONS = 4  # per pool, for interactive pages over max_in_flight
 
 
 class VllmServerEngine(VlmEngineBase):
@@ -104,7 +105,10 @@ class VllmServerEngine(VlmEngineBase):
         timeout = httpx.Timeout(self._cfg.request_timeout, connect=10.0)
         n = self._cfg.max_in_flight
         pools = -(-n // _POOL_CONNECTIONS)
-        limits = httpx.Limits(max_connections=-(-n // pools), max_keepalive_connections=-(-n // pools))
+        # Beyond its share of max_in_flight, each pool keeps room for interactive pages, which go past the bound
+        # at once (``PriorityLimiter``): without it they would wait in httpx's queue for a batch page's connection.
+        per_pool = -(-n // pools)
+        limits = httpx.Limits(max_connections=per_pool + _URGENT_CONNECTIONS, max_keepalive_connections=per_pool)
         self._pools = [httpx.AsyncClient(headers=headers, timeout=timeout, limits=limits) for _ in range(pools)]
         self._pool_load = [0] * pools
         self._client = self._pools[0]
@@ -183,7 +187,7 @@ class VllmServerEngine(VlmEngineBase):
 
     async def _one(self, req: EngineRequest) -> Outcome:
         assert self._slots is not None
-        async with self._slots.slot(req.priority):
+        async with self._slots.slot(req.priority, urgent=req.urgent):
             self.in_flight += 1
             self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
             try:

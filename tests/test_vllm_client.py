@@ -196,3 +196,47 @@ def test_the_client_lets_urgent_pages_take_the_next_free_place_first() -> None:
         return order
 
     assert asyncio.run(scenario()) == ["first", "urgent", "batch0", "batch1", "batch2"]
+
+
+def test_an_interactive_page_goes_past_the_bound_at_once_and_the_place_it_borrowed_is_paid_back() -> None:
+    import asyncio
+
+    from paperlane.models.aio import PriorityLimiter
+
+    async def scenario() -> tuple[list[str], int]:
+        limiter, order, most = PriorityLimiter(2), [], 0
+        held: dict[str, asyncio.Event] = {}
+
+        async def page(name: str, priority: int, *, urgent: bool = False) -> None:
+            nonlocal most
+            held[name] = asyncio.Event()
+            async with limiter.slot(priority, urgent=urgent):
+                order.append(name)
+                most = max(most, sum(not e.is_set() for n, e in held.items() if n in order))
+                await held[name].wait()
+
+        batch = [asyncio.create_task(page(f"batch{i}", 5)) for i in range(4)]
+        await asyncio.sleep(0)
+        assert order == ["batch0", "batch1"]  # the bound: two at once, two waiting
+        urgent = asyncio.create_task(page("urgent", 0, urgent=True))
+        await asyncio.sleep(0)
+        assert order == ["batch0", "batch1", "urgent"]  # in at once, over the bound
+        held["batch0"].set()
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert order == ["batch0", "batch1", "urgent"]  # batch0's place paid back the borrowed one
+        held["urgent"].set()
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert order == ["batch0", "batch1", "urgent", "batch2"]  # back at the bound: one more gets in
+        for name in ("batch1", "batch2"):
+            held[name].set()
+        await asyncio.sleep(0)
+        while "batch3" not in held:
+            await asyncio.sleep(0)
+        held["batch3"].set()
+        await asyncio.gather(*batch, urgent)
+        return order, most
+
+    order, most = asyncio.run(scenario())
+    assert order == ["batch0", "batch1", "urgent", "batch2", "batch3"] and most == 3

@@ -148,8 +148,8 @@ def _through_pipeline(rt: Runtime, job: JobRow, timings: dict[str, float]) -> Pa
         # A retried page may have been answered already (its worker died before storing the result).
         kept = rt.answers.get(job.id) if rt.answers is not None and job.attempts > 1 else None
         if prep.page is not None and kept is None:
-            pending = rt.batcher.submit(EngineRequest(image=prep.page.image, spec=spec,
-                                                      priority=job.message_priority), priority=job.message_priority)
+            pending = rt.batcher.submit(EngineRequest(image=prep.page.image, spec=spec, priority=job.message_priority,
+                                                      urgent=urgent), priority=job.message_priority)
     finally:
         # Batches wait for every page announced and not submitted: a page that will not come must be
         # taken back on every path, or each later batch waits its full batch_wait for it.
