@@ -173,10 +173,12 @@ class WorkerSettings(BaseModel):
     document_cache_bytes: int = Field(1024**3, ge=0, description="PDFs a worker keeps in a local folder for its "
                                       "pool (one download per PDF, not one per page), least recently used removed "
                                       "beyond this; a larger PDF is read from the store for each page; 0: none kept")
-    ranged_pdf_bytes: int | None = Field(16 * 1024**2, ge=0, description="PDFs larger than this are read by byte "
+    ranged_pdf_bytes: int | None = Field(64 * 1024**2, ge=0, description="PDFs larger than this are read by byte "
                                          "range from the store, each page its own objects and the cross-reference "
                                          "table, not downloaded (0: every PDF; unset: none, each is downloaded once "
-                                         "per worker as long as it fits document_cache_bytes)")
+                                         "per worker as long as it fits document_cache_bytes). A downloaded PDF's "
+                                         "scanned pages always take the image fast path; a ranged one's only when "
+                                         "the image's dictionary is still among the blocks read")
     open_document_bytes: int = Field(256 * 1024**2, ge=0, description="PDFs each preprocessing process keeps "
                                      "open (parsed) for their next pages, by file size (PDFium keeps what it has "
                                      "read of one, up to all of it); a larger one is opened again for each page")

@@ -260,6 +260,6 @@ def test_a_pdf_the_spool_cannot_fetch_fails_its_page_with_the_stores_reason(tmp_
 def test_by_default_a_large_pdf_is_read_by_range_a_smaller_one_spooled_and_a_typical_one_kept_open() -> None:
     cfg = WorkerSettings()
     assert cfg.document_cache_bytes == 1 << 30 and cfg.open_document_bytes == 256 << 20
-    assert cfg.ranged_pdf_bytes == 16 << 20 < cfg.max_input_bytes
+    assert cfg.ranged_pdf_bytes == 64 << 20 < cfg.max_input_bytes
     assert cfg.document_cache_bytes >= cfg.max_input_bytes  # no original a worker reads is too large to spool
     assert cfg.open_document_bytes >= cfg.max_input_bytes  # nor to keep open
