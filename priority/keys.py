@@ -3,10 +3,11 @@
 One style: ``paperlane.<what>`` and, for keys per thing, ``paperlane.<what>.<id>``. Two kinds of names are
 kombu's, not ours, and only named here because paperlane reads them: the ``:<priority>`` suffix of a queue's
 priority lists (kombu's Redis transport keeps one list per queue and priority, ``sep`` ``:``) and the hash of
-messages delivered but not yet acknowledged (``UNACKED``).
+messages delivered but not yet acknowledged (``UNACKED``), with its index of delivery times (``UNACKED_INDEX``).
 
     paperlane.<lane>[:<priority>]     a lane's queue: the Celery messages of its pages, one list per priority
     unacked                            kombu: delivery tag -> [message, exchange, routing key]
+    unacked_index                      kombu: delivery tag -> when it was delivered
     paperlane.delayed                  pages due later (sorted set by due time)        priority.delayed
     paperlane.delayed.releasing        ... claimed, being put back on their lane
     paperlane.delayed (channel)        "a page was delayed": wakes every worker's retry clock
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 
 PRIORITY_SEP = ":"  # kombu's separator between a queue's name and a priority
 UNACKED = "unacked"  # kombu's Redis transport: messages delivered and not yet acknowledged
+UNACKED_INDEX = "unacked_index"  # kombu's too: delivery tag -> when it was delivered (epoch seconds)
 
 DELAYED = "paperlane.delayed"
 RELEASING = "paperlane.delayed.releasing"

@@ -20,25 +20,32 @@ from paperlane.priority.delayed import DelayedPage
 from paperlane.priority.lanes import Lane, broker_keys
 from paperlane.priority.messages import BadMessage, page_job_id
 
-# KEYS: unacked, delayed, releasing, then each lane's tenants set; ARGV: the lists, then per lane its tenant and
-# ingest prefixes. Returns {lane messages (queued and waiting by fair share), un-acked values, delayed, releasing}.
+# KEYS: unacked, unacked index, delayed, releasing, then each lane's tenants set; ARGV: the earliest delivery time
+# of an un-acked message that counts, the lists, then per lane its tenant and ingest prefixes. Returns {lane
+# messages (queued and waiting by fair share), un-acked values delivered since then, delayed, releasing}.
 _SNAPSHOT = fair.WAITING_LUA + """
-local lanes = #KEYS - 3
+local lanes = #KEYS - 4
 local queued = {}
-for k = 1, #ARGV - 2 * lanes do
+for k = 2, #ARGV - 2 * lanes do
   for _, m in ipairs(redis.call('LRANGE', ARGV[k], 0, -1)) do queued[#queued + 1] = m end
 end
 for l = 1, lanes do
-  waiting(KEYS[3 + l], ARGV[#ARGV - 2 * lanes + 2 * l - 1], ARGV[#ARGV - 2 * lanes + 2 * l], queued)
+  waiting(KEYS[4 + l], ARGV[#ARGV - 2 * lanes + 2 * l - 1], ARGV[#ARGV - 2 * lanes + 2 * l], queued)
 end
-return {queued, redis.call('HVALS', KEYS[1]), redis.call('ZRANGE', KEYS[2], 0, -1),
-        redis.call('ZRANGE', KEYS[3], 0, -1)}
+local unacked = {}
+for _, tag in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], ARGV[1], '+inf')) do
+  local value = redis.call('HGET', KEYS[1], tag)
+  if value then unacked[#unacked + 1] = value end
+end
+return {queued, unacked, redis.call('ZRANGE', KEYS[3], 0, -1), redis.call('ZRANGE', KEYS[4], 0, -1)}
 """
 
 
-def jobs_in_redis(client: redis.Redis, *, limit: int) -> set[str] | None:
+def jobs_in_redis(client: redis.Redis, *, limit: int, unacked_since: float = 0.0) -> set[str] | None:
     """Ids of the jobs with a message in Redis, or None when it holds more than ``limit`` (too many to read;
-    a queue that long is being worked through anyway)."""
+    a queue that long is being worked through anyway). An un-acked message counts only if it was delivered at
+    or after ``unacked_since`` (epoch seconds): one delivered to a worker killed before it started the page
+    stays un-acked until kombu's visibility timeout (an hour) gives it back."""
     lists = [key for lane in Lane for key in broker_keys(lane)]
     with client.pipeline(transaction=False) as pipe:
         for key in lists:
@@ -53,8 +60,8 @@ def jobs_in_redis(client: redis.Redis, *, limit: int) -> set[str] | None:
         return None
     structures = [fair.structure_keys(lane) for lane in Lane]
     queued, unacked, delayed, releasing = client.eval(
-        _SNAPSHOT, 3 + len(structures), keys.UNACKED, keys.DELAYED, keys.RELEASING, *(s[0] for s in structures),
-        *lists, *(prefix for s in structures for prefix in s[1:]))
+        _SNAPSHOT, 4 + len(structures), keys.UNACKED, keys.UNACKED_INDEX, keys.DELAYED, keys.RELEASING,
+        *(s[0] for s in structures), repr(unacked_since), *lists, *(prefix for s in structures for prefix in s[1:]))
     found: set[str] = set()
     for raw in queued:
         _add(found, raw)

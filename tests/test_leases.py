@@ -96,3 +96,45 @@ def test_a_queued_page_whose_message_redis_lost_is_published_again(stack_factory
         assert sorted(page_job_id(m) for m in client.lrange(key, 0, -1)) == sorted([ids[0], ids[2]])
     finally:
         keeper.stop()
+
+
+def test_a_queued_page_held_un_acked_by_a_worker_that_died_before_starting_it_is_published_again(
+        stack_factory) -> None:
+    # A worker killed after receiving a page and before starting it leaves the message un-acked; kombu gives it back
+    # only after its visibility timeout (an hour). A live worker starts what it receives at once (prefetch 1), so
+    # a queued page un-acked for longer than the sweep's wait is lost; one delivered just now is not.
+    import json
+    import time
+
+    import redis
+
+    from paperlane.priority import keys
+    from paperlane.priority.delayed import DelayedPages
+    from paperlane.priority.lanes import Lane, broker_keys
+    from paperlane.priority.messages import page_job_id
+    from paperlane.settings import WorkerSettings
+    from paperlane.storage.tables import JobRow
+    from paperlane.workers.leases import LeaseKeeper
+    from tests.test_scheduling import Producer
+
+    stack = stack_factory()
+    producer = Producer(stack)
+    ids = producer.submit(range(3), Lane.BATCH)
+    with producer.db.session() as s:
+        for row in s.query(JobRow).filter(JobRow.id.in_(ids)):
+            row.enqueued_at = utcnow() - timedelta(minutes=10)
+    client = redis.Redis.from_url(stack.settings.redis.url)
+    [key] = [k for k in broker_keys(Lane.BATCH) if client.llen(k)]
+    delivered = {ids[0]: time.time() - 600, ids[1]: time.time()}  # to a dead worker; to a live one, just now
+    for job_id, at in delivered.items():
+        message = next(m for m in client.lrange(key, 0, -1) if page_job_id(m) == job_id)
+        client.lrem(key, 1, message)
+        tag = f"tag-{job_id}"
+        client.hset(keys.UNACKED, tag, json.dumps([json.loads(message), "", Lane.BATCH.queue]))
+        client.zadd(keys.UNACKED_INDEX, {tag: at})
+    keeper = LeaseKeeper(producer.db, DelayedPages(client), client, WorkerSettings(), RetryPolicy(), worker="w")
+    try:
+        keeper.sweep()
+        assert [m.decode().split()[0] for m in client.zrange(keys.DELAYED, 0, -1)] == [ids[0]]
+    finally:
+        keeper.stop()

@@ -114,7 +114,9 @@ class LeaseKeeper:
         """Queued pages whose message is nowhere in Redis (lost between a pop and its un-acked record, by a
         worker killed or Redis stopped right then). Redis is read first: a page started since is not queued."""
         try:
-            present = jobs_in_redis(self.redis, limit=_LOST_CHECK_LIMIT)
+            # A page's message un-acked for as long is held by a worker that died before it started the page (a
+            # live one starts what it receives at once: prefetch 1): it counts as lost too.
+            present = jobs_in_redis(self.redis, limit=_LOST_CHECK_LIMIT, unacked_since=time.time() - _LOST_AFTER)
         except redis.RedisError as exc:
             raise StorageUnavailable(f"redis: {exc}") from exc
         if present is None:
