@@ -22,11 +22,10 @@ def page_result(store: ObjectStore, job: JobRow, *, source: str, page_no: int,
     """A page's result: its job's stored result (``known[job.id]`` when the caller holds what it stored), or a
     failed one saying why there is none."""
     result: PageResult | None = None
-    if job.status == JobStatus.SUCCEEDED.value and job.result_key and known and job.id in known:
-        result = known[job.id]
-    elif job.status == JobStatus.SUCCEEDED.value and job.result_key:
+    if job.status == JobStatus.SUCCEEDED.value and job.result_key:
+        result = known.get(job.id) if known else None
         try:
-            result = PageResult.model_validate_json(store.get(job.result_key))
+            result = result or PageResult.model_validate_json(store.get(job.result_key))
         except (PaperlaneError, ValueError) as exc:
             log.warning("stored result of job %s unreadable (%s)", job.id, exc)
     if result is None:
