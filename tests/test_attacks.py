@@ -206,14 +206,15 @@ def test_the_page_budget_holds_and_s3_ingests_read_only_what_was_granted(stack_f
     assert all(a.json()["error"]["code"] == "too_many_pages" and a.headers["Retry-After"] for a in answers
                if a.status_code == 429)
     assert budget.room() == (6, 6)
-    taken = [a.json()["pages"][0] for a in answers if a.status_code == 202]
+    accepted = [a.json() for a in answers if a.status_code == 202]
+    taken = [a["pages"][0] for a in accepted]
 
     # A page fails with a reason that names internal hosts: what the tenant reads of it names none.
     _finish(db, taken[0]["job_id"], 'retrying: database unreachable: connection to server at "pg.internal" '
                                     '(10.0.0.5), port 5432 failed [SQL: SELECT secret FROM keys]')
     page = httpx.get(f"{api.url}/v1/pages/{taken[0]['page_id']}", headers=_auth(key)).json()
     assert page["status"] == "failed" and "database unreachable" in page["error"]
-    shown = json.dumps([page, httpx.get(f"{api.url}/v1/ingests/{answers[0].json()['ingest_id']}",
+    shown = json.dumps([page, httpx.get(f"{api.url}/v1/ingests/{accepted[0]['ingest_id']}",
                                         headers=_auth(key)).json()])
     assert "pg.internal" not in shown and "10.0.0.5" not in shown and "SELECT" not in shown and "5432" not in shown
     assert budget.room() == (5, 6)  # released by the final-state write
