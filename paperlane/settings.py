@@ -186,8 +186,9 @@ class WorkerSettings(BaseModel):
                                      "(decoding, rendering a PDF page) may take, in the process that prepares it: "
                                      "past it the page fails (a PDF that draws a huge hidden image) and the "
                                      "process is replaced")
-    render_timeout: float = Field(60.0, gt=0, description="seconds one page's preparation may take: past it its "
-                                  "process is killed and replaced, and the page fails")
+    render_timeout: float = Field(60.0, gt=0, description="seconds of CPU one page's preparation may use (and three "
+                                  "times that in all, waiting included): past it its process is killed and "
+                                  "replaced, and the page fails")
     urgent_processes: int = Field(2, ge=1, description="processes that prepare interactive pages only, so they "
                                   "never queue behind the backlog's (bounded like the pool's)")
     annotated_format: ImageFormat = Field(ImageFormat.JPEG, description="the annotated image: jpeg (cheapest), "

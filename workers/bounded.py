@@ -6,8 +6,10 @@ render allocates gigabytes, or draws for minutes) must cost only itself. Here ea
 driven by a thread of its own in the parent, which sends it one task at a time and so always knows
 which task it holds:
 
-- a task that runs past ``timeout`` seconds: its process is killed (SIGKILL) and replaced, and that
-  task's future fails with ``TaskTimedOut``;
+- a task that uses more than ``timeout`` seconds of CPU, or runs for more than ``WALL_FACTOR`` times that
+  (waiting on something, or starved by the rest of the machine): its process is killed (SIGKILL) and
+  replaced, and that task's future fails with ``TaskTimedOut``. The limit is the task's own CPU time,
+  so an honest page on a loaded machine is not killed for the machine's load;
 - a process that dies (a crash in C code; memory beyond its limit, which PDFium answers with an
   abort): it is replaced, and the task it held fails with ``ProcessDied`` (its exit status);
 - every other task goes on, on the other processes, and on the replacement when it is up.
@@ -36,6 +38,8 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 _START_TIMEOUT = 120.0  # seconds a new process may take to import and initialise
+WALL_FACTOR = 3.0  # a task's wall-clock limit, in multiples of its CPU limit
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 class TaskFailed(Exception):
@@ -43,7 +47,7 @@ class TaskFailed(Exception):
 
 
 class TaskTimedOut(TaskFailed):
-    """The task ran past the pool's timeout; its process was killed."""
+    """The task ran past the pool's CPU or wall-clock limit; its process was killed."""
 
 
 class ProcessDied(TaskFailed):
@@ -163,21 +167,29 @@ class BoundedPool:
     def _run(self, proc: BaseProcess, conn: Connection, fn: Callable[..., Any],
              args: tuple[Any, ...]) -> tuple[bool, Any] | TaskFailed:
         """The task's (ok, result or exception), or the TaskFailed it ended in (its process then gone)."""
-        t0 = time.monotonic()
+        t0, cpu0 = time.monotonic(), _cpu_seconds(proc)
+        wall = self._timeout * WALL_FACTOR
         try:
             conn.send((fn, args))
-            if conn.poll(self._timeout):
-                answer: tuple[bool, Any] = conn.recv()
-                return answer
+            while True:
+                # A single-threaded task uses at most as much CPU as time passes: wait out what it has left.
+                cpu, elapsed = _cpu_seconds(proc) - cpu0, time.monotonic() - t0
+                if cpu >= self._timeout or elapsed >= wall:
+                    break
+                if conn.poll(max(0.05, min(self._timeout - cpu, wall - elapsed))):
+                    answer: tuple[bool, Any] = conn.recv()
+                    return answer
         except (EOFError, OSError):
             pass  # the process is gone
         except Exception as exc:  # noqa: BLE001 - a task whose arguments or result do not pickle: its own error
             return False, exc
         else:
             _kill(proc, conn)
-            log.warning("%s: a task ran %.1f s, past its %g s limit: its process killed", self._name,
-                        time.monotonic() - t0, self._timeout)
-            return TaskTimedOut(f"ran longer than {self._timeout:g} s")
+            log.warning("%s: a task used %.1f s of CPU in %.1f s, past its limits (%g s of CPU, %g s): its process "
+                        "killed", self._name, cpu, elapsed, self._timeout, wall)
+            if cpu >= self._timeout:
+                return TaskTimedOut(f"used more than {self._timeout:g} s of CPU")
+            return TaskTimedOut(f"ran longer than {wall:g} s")
         _kill(proc, conn)
         code = proc.exitcode
         log.warning("%s: a process died running a task (%s)", self._name, _status(code))
@@ -206,6 +218,16 @@ def _status(code: int | None) -> str:
         except ValueError:
             return f"signal {-code}"
     return f"exit status {code}"
+
+
+def _cpu_seconds(proc: BaseProcess) -> float:
+    """CPU seconds (user and system) the process has used; 0 once it is gone."""
+    try:
+        with open(f"/proc/{proc.pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime: fields 14 and 15 of proc(5)
 
 
 def _stop(proc: BaseProcess, conn: Connection) -> None:

@@ -11,9 +11,9 @@ as many processes as this process may use CPUs, less one for the worker itself (
 process (tests, tiny machines: no limits then).
 
 A page is prepared under limits (``workers.bounded``): ``worker.render_memory_bytes`` of memory and
-``worker.render_timeout`` seconds, in a process that may die without taking the worker or any other
-page with it. A page past a limit, or one that crashes its process, fails (``OverLimit``, a reason
-that says which); its process is replaced. Interactive pages have processes of their own
+``worker.render_timeout`` seconds of CPU (three times that in all), in a process that may die without
+taking the worker or any other page with it. A page past a limit, or one that crashes its process,
+fails (``OverLimit``, a reason that says which); its process is replaced. Interactive pages have processes of their own
 (``worker.urgent_processes``), warm and not niced, so they never queue behind the backlog.
 
 Whatever goes wrong with one page comes back as that page's ``Prepared`` error, never as an
@@ -145,7 +145,7 @@ def _failed_in_process(exc: BaseException, settings: Settings) -> PaperlaneError
     """What a page's row says when the process preparing it was killed or died (``workers.bounded``)."""
     cfg = settings.worker
     if isinstance(exc, TaskTimedOut):
-        return OverLimit(f"preparing this page took longer than a worker gives one page ({cfg.render_timeout:g} s)",
+        return OverLimit(f"preparing this page took longer than a worker gives one page: it {exc}",
                          stage="preprocess")
     if isinstance(exc, ProcessDied) and exc.exitcode == -9:  # not ours: the kernel's OOM killer
         return OutOfMemory("not enough memory to prepare this page (its process was killed)", stage="preprocess")
