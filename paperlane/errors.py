@@ -173,11 +173,6 @@ def public_reason(exc: BaseException) -> str:
     return INTERNAL_REASON
 
 
-def is_retryable(exc: BaseException) -> bool:
-    """True when trying the same page again may succeed."""
-    return isinstance(exc, PaperlaneError) and exc.retryable
-
-
 # What a reason must not tell a client: where paperlane's services are (URLs, addresses, host:port, psycopg2's
 # 'server at "db"'), and SQL (SQLAlchemy's "[SQL: ...]", a statement quoted in a driver's message).
 _ADDRESSES = re.compile(r"""
@@ -186,7 +181,7 @@ _ADDRESSES = re.compile(r"""
     | \b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b             # IPv4[:port]
     | (?<![\w:])(?:[0-9a-f]{0,4}:){2,7}[0-9a-f]{1,4}\b # IPv6
     | \b(?=[\w.-]*[a-z])[a-z0-9_-]+(?:\.[a-z0-9_-]+)*:\d{2,5}\b  # host:port
-    | \b(?:server|host)\s+(?:at\s+)?"[^"]*"(?:\s*(?:\([^)]*\)))?(?:,\s*port\s+\d+)?  # psycopg2
+    | \b(?:server|host(?:\s+name)?)\s+(?:at\s+)?"[^"]*"(?:\s*(?:\([^)]*\)))?(?:,\s*port\s+\d+)?  # psycopg2
 """, re.I | re.X)
 _SQL = re.compile(r"\s*(?:\[SQL:|\[parameters:|\(Background on this error|\b(?:SELECT|INSERT INTO|UPDATE|DELETE "
                   r"FROM|CREATE|DROP|ALTER)\s).*", re.S)

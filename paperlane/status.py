@@ -142,9 +142,19 @@ def _quoted(state: Enum) -> str:
     return f"'{state.value}'"
 
 
+def state_sql(status: str, state: JobStatus) -> str:
+    """SQL for "the job is in ``state``": ``status`` is a job's status column expression."""
+    return f"{status} = {_quoted(state)}"
+
+
+def unpublished_sql(status: str, enqueued_at: str) -> str:
+    """SQL for ``PageState.UNPUBLISHED``: queued, and its message never handed to the broker."""
+    return f"{state_sql(status, JobStatus.QUEUED)} AND {enqueued_at} IS NULL"
+
+
 def page_state_sql(status: str, enqueued_at: str) -> str:
     """SQL for ``PageState.of``: ``status`` and ``enqueued_at`` are column expressions of a job."""
-    return (f"CASE WHEN {status} = {_quoted(JobStatus.QUEUED)} AND {enqueued_at} IS NULL "
+    return (f"CASE WHEN {unpublished_sql(status, enqueued_at)} "
             f"THEN {_quoted(PageState.UNPUBLISHED)} ELSE {status} END")
 
 

@@ -36,6 +36,7 @@ from paperlane.status import JobStatus, OutputsState, Progress
 from paperlane.storage import usage, webhooks
 from paperlane.storage.db import Database, as_utc, get_row, utcnow
 from paperlane.storage.tables import DocumentRow, IngestFailureRow, IngestRow, JobRow, PageRow, TenantRow
+from paperlane.storage.tables import unpublished as unpublished_jobs
 
 _NAMESPACE = uuid.UUID("6a0b3c8e-3f0e-4f43-9d55-70617065726c")
 _INGESTS: Table = IngestRow.__table__  # type: ignore[assignment]
@@ -377,8 +378,7 @@ def _live(where: Any) -> tuple[Any, Any]:
     j = _JOBS.c
     joined = _JOBS.join(_PAGES, _PAGES.c.job_id == j.id)
     running = select(func.count()).select_from(joined).where(j.status == JobStatus.RUNNING.value, where)
-    unpublished = select(func.count()).select_from(joined).where(
-        j.status == JobStatus.QUEUED.value, j.enqueued_at.is_(None), where)
+    unpublished = select(func.count()).select_from(joined).where(unpublished_jobs(_JOBS), where)
     return running.scalar_subquery(), unpublished.scalar_subquery()
 
 
@@ -476,13 +476,12 @@ def next_seq(db: Database, ingest_id: str) -> int:
 
 
 def unpublished_work(db: Database, ingest_id: str) -> list[tuple[str, str, int]]:
-    """(job id, lane, priority) of the ingest's queued jobs whose message never went out."""
+    """(job id, lane, message priority) of the ingest's queued jobs whose message never went out."""
     j = _JOBS.c
     with db.session() as s:
         rows = s.execute(select(j.id, j.lane, j.priority).distinct()
                          .select_from(_JOBS.join(_PAGES, _PAGES.c.job_id == j.id))
-                         .where(j.status == JobStatus.QUEUED.value, j.enqueued_at.is_(None),
-                                _PAGES.c.ingest_id == ingest_id)).all()
+                         .where(unpublished_jobs(_JOBS), _PAGES.c.ingest_id == ingest_id)).all()
     return [(r[0], r[1], int(r[2])) for r in rows]
 
 

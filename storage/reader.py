@@ -30,7 +30,7 @@ import tempfile
 import threading
 from collections import OrderedDict
 
-from paperlane.errors import PaperlaneError
+from paperlane.errors import PaperlaneError, StorageUnavailable
 from paperlane.storage.objects import ObjectStore, ranged, split_range
 
 
@@ -127,8 +127,8 @@ class ObjectReader(io.RawIOBase):
                 self.error = exc
                 raise
             if len(data) != stop - start:
-                self.error = PaperlaneError(f"short read of {self._key} ({len(data)} of {stop - start} bytes)",
-                                            stage="store", retryable=True)
+                self.error = StorageUnavailable(f"short read of {self._key} ({len(data)} of {stop - start} bytes)",
+                                                stage="store")
                 raise self.error
             self.fetched += len(data)
             self.requests += 1

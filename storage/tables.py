@@ -25,6 +25,7 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
+    ColumnElement,
     Date,
     DateTime,
     Float,
@@ -32,12 +33,19 @@ from sqlalchemy import (
     Index,
     Integer,
     String,
+    Table,
     Text,
     UniqueConstraint,
+    and_,
     false,
     func,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from paperlane.status import JobStatus, OutputsState, state_sql, unpublished_sql
+
+_RUNNING, _FAILED = state_sql("status", JobStatus.RUNNING), state_sql("status", JobStatus.FAILED)
+_UNPUBLISHED = unpublished_sql("status", "enqueued_at")
 
 
 class Base(DeclarativeBase):
@@ -51,10 +59,9 @@ class JobRow(Base):
         Index("ix_jobs_status_lane", "status", "lane"),
         Index("ix_jobs_content_sha256", "content_sha256"),
         # Partial: the few jobs in progress, and those whose message never reached the broker.
-        Index("ix_jobs_running", "id", postgresql_where="status = 'running'", sqlite_where="status = 'running'"),
-        Index("ix_jobs_unpublished", "id", postgresql_where="status = 'queued' AND enqueued_at IS NULL",
-              sqlite_where="status = 'queued' AND enqueued_at IS NULL"),
-        Index("ix_jobs_failed", "id", postgresql_where="status = 'failed'", sqlite_where="status = 'failed'"),
+        Index("ix_jobs_running", "id", postgresql_where=_RUNNING, sqlite_where=_RUNNING),
+        Index("ix_jobs_unpublished", "id", postgresql_where=_UNPUBLISHED, sqlite_where=_UNPUBLISHED),
+        Index("ix_jobs_failed", "id", postgresql_where=_FAILED, sqlite_where=_FAILED),
         Index("ix_jobs_review", "id", postgresql_where="needs_review", sqlite_where="needs_review"),
     )
 
@@ -154,7 +161,7 @@ class IngestRow(Base):
     weight: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
 
 
-_OUTPUTS_DUE = "outputs = 'pending'"
+_OUTPUTS_DUE = f"outputs = '{OutputsState.PENDING.value}'"
 
 
 class DocumentRow(Base):
@@ -309,3 +316,9 @@ class WebhookAttemptRow(Base):
     status: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the receiver's HTTP status, if it answered
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     seconds: Mapped[float] = mapped_column(Float)
+
+
+def unpublished(jobs: Table) -> ColumnElement[bool]:
+    """``PageState.UNPUBLISHED`` over ``jobs``: queued, its message never handed to the broker (the partial index
+    ``ix_jobs_unpublished`` serves it)."""
+    return and_(jobs.c.status == JobStatus.QUEUED.value, jobs.c.enqueued_at.is_(None))

@@ -1,7 +1,6 @@
 """What the simulated engine (tests/sim_engine.py) models of a real GPU serving HunyuanOCR, in one place.
 
-``SHAPES`` holds the engine profiles; the figures behind ``h200-hunyuanocr`` are in
-``shared/notes/engine-shape.md``:
+``SHAPES`` holds the engine profiles; the published figures behind ``h200-hunyuanocr``:
 
 - answers: HunyuanOCR 1.5 on one RTX 4090 gave 172 to 1,836 output tokens per OmniDocBench page (mean
   about 660) at 277-423 tokens/s per request (median ~395): here a log-normal length per page with

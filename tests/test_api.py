@@ -13,12 +13,14 @@ import pytest
 from PIL import Image
 
 from paperlane.producer.webhooks import verify
-from paperlane.storage import webhooks
-from paperlane.storage.db import Database
+from paperlane.retry import RetryPolicy
+from paperlane.storage import outputs, webhooks
+from paperlane.storage.db import Database, utcnow
 from tests.api_server import HOOKS, ApiProcess, Receiver, create_key, receiver_settings, sse_events
 from tests.conftest import Stack, cli, until
 from tests.pages import render_page, sample_lines
 from tests.scoring import cer
+from tests.test_ingests import succeed
 
 pytestmark = pytest.mark.slow
 
@@ -238,3 +240,38 @@ def test_an_s3_prefix_ingest_through_the_api(stack_factory, worker_factory, api_
         return view if view["status"] == "succeeded" else None
     view = until(done, what="ingest finished", timeout=120, every=0.2)
     assert (view["documents"], view["pages"], view["succeeded"]) == (3, 3, 3)  # type: ignore[index]
+
+
+def test_a_succeeded_document_says_its_outputs_are_pending_or_failed(stack_factory, api_factory) -> None:
+    """No worker runs here: the page is finished by the worker's own final-state write, and the outputs are left to
+    the writer. A client that sees `succeeded` reads `outputs.state` and gets 409 `outputs_pending` with Retry-After
+    from `/result` until they are written, or 404 `outputs_failed` with the (redacted) reason once given up."""
+    stack = stack_factory(**API_SETTINGS)
+    api = api_factory(stack)
+    key, _ = create_key(stack, "acme")
+    auth = {"Authorization": f"Bearer {key}"}
+    resp = _upload(api, key, render_page(sample_lines(5, 2)), "one.png")
+    assert resp.status_code == 202, resp.text
+    [page] = resp.json()["pages"]
+    document_id = resp.json()["document_id"]
+    db = Database(stack.settings.database_url)
+    try:
+        result = f"{api.url}/v1/documents/{document_id}/result"
+        _error(httpx.get(result, headers=auth), 409, "not_ready")  # its page is not final yet
+        assert succeed(db, page["job_id"]) == [document_id]
+        view = httpx.get(f"{api.url}/v1/documents/{document_id}", headers=auth).json()
+        assert view["status"] == "succeeded" and view["outputs"]["state"] == "pending"
+        pending = httpx.get(result, headers=auth)
+        _error(pending, 409, "outputs_pending")
+        assert pending.headers["Retry-After"] == "1"
+
+        held = outputs.claim(db, document_id, now=utcnow(), hold=30)
+        assert held is not None
+        error = ValueError('cannot write to host "objects.internal:8333": [SQL: UPDATE documents]')
+        assert outputs.failed_try(db, held, error, policy=RetryPolicy(), now=utcnow()).value == "failed"
+        view = httpx.get(f"{api.url}/v1/documents/{document_id}", headers=auth).json()
+        assert view["status"] == "succeeded" and view["outputs"]["state"] == "failed"
+        message = _error(httpx.get(result, headers=auth), 404, "outputs_failed")
+        assert "objects.internal" not in message and "UPDATE" not in message
+    finally:
+        db.dispose()

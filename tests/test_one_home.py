@@ -1,5 +1,5 @@
 """Policies with one home: only ``priority.keys`` names Redis keys, only ``priority.connection`` opens a Redis
-client, only ``paperlane.status`` spells a state, only ``paperlane.formats`` reads magic bytes."""
+client, only ``paperlane.status`` spells a state, only ``paperlane.filetypes`` reads magic bytes."""
 
 from __future__ import annotations
 

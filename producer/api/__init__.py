@@ -13,7 +13,9 @@ tenant. ``/docs`` serves the OpenAPI description, ``/`` a web page to try it.
     uploads      a multipart upload read within its limits, and registered
     documents    /v1/documents: upload, status (long poll), result, events (SSE)
     ingests      /v1/ingests: an S3 ingest, status
-    pages        /v1/pages: a page, its annotated image
+    pages        /v1/pages: a page (in any output format), its annotated image
+    files        a document's or a page's output in one format, stored or built on request
+    usage        /v1/usage: the caller's tenant's metered use and monthly budget
     health       /healthz, /readyz, /metrics
     web          the web page at / and the docs at /docs, under a Content-Security-Policy
 """
