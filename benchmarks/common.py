@@ -208,12 +208,6 @@ def group_cpu(pgid: int) -> dict[int, float]:
     return found
 
 
-def process_cpu(pid: int) -> float:
-    """CPU seconds (user + system) of one live process."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def machine_cpu() -> tuple[float, float]:
     """(busy, elapsed) CPU seconds of the whole machine, summed over cores, from ``/proc/stat``."""
     values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]

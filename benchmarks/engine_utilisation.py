@@ -55,7 +55,6 @@ from common import (
     group_cpu,
     last_finished,
     machine_cpu,
-    process_cpu,
     stamped_scans,
     start_services,
     start_worker,
@@ -76,6 +75,7 @@ from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
 from paperlane.storage.objects import open_store
 from paperlane.storage.tables import JobRow
+from paperlane.workers.cpus import process_cpu_seconds
 from tests.sim_engine import SimEngine, start_sim_engine
 from tests.sim_shape import SHAPES
 
@@ -94,7 +94,7 @@ class Probe:
 
     @classmethod
     def read(cls, pgid: int, sim: SimEngine, *, at: float | None = None) -> Probe:
-        return cls(at or time.time(), group_cpu(pgid), process_cpu(sim.pid), machine_cpu())
+        return cls(at or time.time(), group_cpu(pgid), process_cpu_seconds(sim.pid), machine_cpu())
 
 
 @dataclass
@@ -210,7 +210,7 @@ def run_embedded(args: argparse.Namespace, root: Path, pages: Iterator[bytes], s
           f"the engine")
     _print_timings([r["timings"] for r in results])
     end = Probe(max(p.stat().st_mtime for p in out.iterdir()), {proc.pid: usage.ru_utime + usage.ru_stime},
-                process_cpu(sim.pid), machine_cpu())
+                process_cpu_seconds(sim.pid), machine_cpu())
     start.at = first
     start.cpu = {}  # the run's CPU counts from its launch: wait4's rusage is its whole tree's since then
     return _window(len(results), sum(r["status"] == "failed" for r in results), start, end, sim)

@@ -20,6 +20,7 @@ from paperlane.status import JobStatus
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
 from paperlane.storage.tables import JobRow
+from paperlane.storage.tables import unpublished as unpublished_jobs
 
 _JOBS = JobRow.__table__
 
@@ -68,7 +69,7 @@ def unpublished(db: Database, *, before: datetime, limit: int = 500) -> list[tup
     """(job id, lane, message priority) of queued jobs whose message has not gone out since ``before``: a producer or
     a worker died between registering or taking back a job and publishing it. From the partial index on
     unpublished jobs, so it costs nothing when there are none."""
-    return _queued(db, _JOBS.c.enqueued_at.is_(None), _JOBS.c.updated_at < before, limit=limit)
+    return _queued(db, unpublished_jobs(_JOBS), _JOBS.c.updated_at < before, limit=limit)
 
 
 def queued_before(db: Database, *, before: datetime, limit: int = 1000) -> list[tuple[str, str, int]]:

@@ -35,11 +35,12 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from paperlane.workers.cpus import process_cpu_seconds
+
 log = logging.getLogger(__name__)
 
 _START_TIMEOUT = 120.0  # seconds a new process may take to import and initialise
 WALL_FACTOR = 3.0  # a task's wall-clock limit, in multiples of its CPU limit
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 class TaskFailed(Exception):
@@ -221,13 +222,11 @@ def _status(code: int | None) -> str:
 
 
 def _cpu_seconds(proc: BaseProcess) -> float:
-    """CPU seconds (user and system) the process has used; 0 once it is gone."""
+    """CPU seconds the process has used; 0 once it is gone."""
     try:
-        with open(f"/proc/{proc.pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
+        return process_cpu_seconds(proc.pid) if proc.pid is not None else 0.0
+    except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime: fields 14 and 15 of proc(5)
 
 
 def _stop(proc: BaseProcess, conn: Connection) -> None:
