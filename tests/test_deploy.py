@@ -45,9 +45,11 @@ K8S = ROOT / "deploy" / "k8s"
 OVERLAYS = sorted(p.parent.name for p in (K8S / "overlays").glob("*/kustomization.yaml"))
 KUBERNETES = "1.33.0"  # the release whose schemas the objects must satisfy (native sidecars are GA in it)
 SECRET = "paperlane-secrets"
-# What the Secret's keys hold, for building settings as a pod would (never real credentials).
-SECRET_VALUES = {"database-url": "postgresql+psycopg2://paperlane:pw@postgres:5432/paperlane",
-                 "redis-url": "redis://:pw@redis:6379/0", "s3-access-key-id": "key", "s3-secret-access-key": "secret"}
+GUIDE = ROOT / "docs" / "operations.md"
+# The Secret's keys (the variables it sets) with stand-in values, for building settings as a pod would.
+SECRET_VALUES = {"PAPERLANE_DATABASE__URL": "postgresql+psycopg2://paperlane:pw@postgres:5432/paperlane",
+                 "PAPERLANE_REDIS__URL": "redis://:pw@redis:6379/0", "PAPERLANE_STORAGE__ACCESS_KEY_ID": "key",
+                 "PAPERLANE_STORAGE__SECRET_ACCESS_KEY": "secret"}
 
 
 @functools.cache
@@ -87,14 +89,15 @@ def container(deployment: str, name: str) -> dict[str, Any]:
 
 
 def environment(c: dict[str, Any]) -> dict[str, str]:
-    """The container's environment as the pod gets it: the ConfigMaps it names, then its own variables."""
+    """The container's environment as the pod gets it: the ConfigMap and the Secret it names, then its own."""
     env: dict[str, str] = {}
     for source in c.get("envFrom", []):
-        env |= objects("ConfigMap")[source["configMapRef"]["name"]]["data"]
-    for var in c.get("env", []):
-        ref = var.get("valueFrom", {}).get("secretKeyRef")
-        env[var["name"]] = SECRET_VALUES[ref["key"]] if ref else str(var["value"])
-    return env
+        if "secretRef" in source:
+            assert source["secretRef"]["name"] == SECRET
+            env |= SECRET_VALUES
+        else:
+            env |= objects("ConfigMap")[source["configMapRef"]["name"]]["data"]
+    return env | {var["name"]: str(var["value"]) for var in c.get("env", [])}
 
 
 def settings_of(c: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Settings:
@@ -173,20 +176,24 @@ def test_every_paperlane_variable_is_a_setting() -> None:
 def test_settings_parse_in_every_container(where: str, monkeypatch: pytest.MonkeyPatch) -> None:
     c = dict(paperlane_containers())[where]
     s = settings_of(c, monkeypatch)
-    assert s.storage.backend is StorageBackend.S3 and s.database.url == SECRET_VALUES["database-url"]
+    assert s.storage.backend is StorageBackend.S3 and s.database.url == SECRET_VALUES["PAPERLANE_DATABASE__URL"]
 
 
 def test_no_credentials_in_the_manifests() -> None:
     assert objects("Secret") == {}, "the Secret is made beforehand, never in the manifests"
     for where, c in paperlane_containers():
-        for var in c.get("env", []):
-            ref = var.get("valueFrom", {}).get("secretKeyRef")
-            if ref:
-                assert ref["name"] == SECRET and ref["key"] in SECRET_VALUES, where
-            elif re.search(r"URL|PASSWORD|SECRET|TOKEN|KEY", var["name"]):
-                assert "@" not in var["value"] and "TOKEN" not in var["name"], f"{where}: {var['name']}"
-    secret_settings = {"PAPERLANE_DATABASE__URL", "PAPERLANE_REDIS__URL", "PAPERLANE_STORAGE__SECRET_ACCESS_KEY"}
-    assert not secret_settings & set(objects("ConfigMap")["paperlane-config"]["data"])
+        assert {"secretRef": {"name": SECRET}} in c["envFrom"], where
+        own = {var["name"]: var["value"] for var in c.get("env", [])}  # values only: no secretKeyRef of its own
+        assert not set(own) & set(SECRET_VALUES) and not any("@" in v or "TOKEN" in k for k, v in own.items())
+    config = objects("ConfigMap")["paperlane-config"]["data"]
+    assert not set(config) & set(SECRET_VALUES) and not any("@" in v for v in config.values())
+
+
+def test_the_guide_makes_the_secret_the_pods_read() -> None:
+    """docs/operations.md's `kubectl create secret` sets exactly the variables the test stands in for."""
+    command = re.search(r"kubectl (?:-n \S+ )?create secret generic " + SECRET + r"(.*?)```", GUIDE.read_text(), re.S)
+    assert command, "docs/operations.md: no `kubectl create secret generic paperlane-secrets`"
+    assert sorted(re.findall(r"--from-literal=(\w+)=", command.group(1))) == sorted(SECRET_VALUES)
 
 
 def _retention_registered() -> bool:
