@@ -269,6 +269,7 @@ def test_vllm_serves_as_compose_does() -> None:
     ours, theirs = flags(vllm["args"]), flags(compose_argv(compose))
     differ = {"--host", "--gpu-memory-utilization"}
     assert {k: v for k, v in ours.items() if k not in differ} == {k: v for k, v in theirs.items() if k not in differ}
+    assert vllm["args"][0] == compose_argv(compose)[0]  # the model folder, under the weights' mount
     assert vllm["args"][0].startswith("/models/") and environment(vllm)["HF_HUB_OFFLINE"] == "1"
     pod = pod_spec(objects("Deployment")["paperlane-gpu-worker"])
     [mount] = [m for m in vllm["volumeMounts"] if m["mountPath"] == "/models"]
