@@ -17,7 +17,7 @@ from paperlane.storage import outputs as recorded
 from paperlane.storage.db import Database, utcnow
 from paperlane.storage.localfs import LocalStore
 from paperlane.storage.objects import document_key, result_key
-from paperlane.workers.document_files import page_json
+from paperlane.formats.result_json import page_json
 from paperlane.workers.outputs import Writer, build_outputs
 from tests.pages import tiny_page
 from tests.test_ingests import doc, succeed
