@@ -15,7 +15,8 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from paperlane.errors import UsageError
-from paperlane.schemas import PageResult
+from paperlane.formats.registry import file_name
+from paperlane.schemas import OutputFormat, PageResult
 
 if TYPE_CHECKING:
     from paperlane.formats.view import PageView
@@ -49,6 +50,8 @@ class Content:
     created: Mapping[int, datetime] = field(default_factory=dict)
     max_pixels: int = 150_000_000  # an image frame larger than this is not decoded (its PDF page is blank)
     preview: Any = None  # the annotated image's canvas: the page's preview (numpy) from preprocessing
+    # Where page N's file in a format is, for a METS: default ``file_name(stem, fmt, N, count)``, beside it.
+    page_file_href: Callable[[OutputFormat, int], str] | None = None
 
     @property
     def count(self) -> int:
@@ -83,6 +86,12 @@ class Content:
         """The page's image as ALTO, PAGE XML and hOCR name it: the original's name, with ``#page=N`` when the
         document has several pages."""
         return f"{self.name}{self.ext}" + (f"#page={number}" if self.count > 1 else "")
+
+    def page_file(self, fmt: OutputFormat, number: int) -> str:
+        """Where page ``number``'s file in ``fmt`` is, as a METS lists it (see ``page_file_href``)."""
+        if self.page_file_href is not None:
+            return self.page_file_href(fmt, number)
+        return file_name(self.file_stem, fmt, number, self.count)
 
     def original_location(self, number: int) -> str:
         """Where page ``number``'s image is, for a METS (see the class docstring)."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from lxml import etree
 
 from paperlane.formats.content import Content
-from paperlane.formats.registry import Format, file_name, lookup, media_type_of
+from paperlane.formats.registry import Format, lookup, media_type_of
 from paperlane.formats.view import PageView, as_view, producer
 from paperlane.schemas import OutputFormat, PageResult
 
@@ -77,11 +77,11 @@ def document_mets(pages: Sequence[PageResult | PageView], *, document_id: str, n
 
 def build_document(content: Content, _spec: Format) -> bytes:
     """The METS of ``content``: each page's image where the original is (``Content.original_location``), and its
-    ALTO and PAGE XML beside the METS, named after ``content.stem`` as ``file_name`` names them."""
-    count, stem = content.count, content.file_stem
+    ALTO and PAGE XML where ``Content.page_file`` says (by default beside the METS, named after ``content.stem``
+    as ``file_name`` names them)."""
     files = {v.number: PageFiles(image=content.original_location(v.number), image_type=media_type_of(content.ext),
-                                 alto=file_name(stem, OutputFormat.ALTO, v.number, count),
-                                 page=file_name(stem, OutputFormat.PAGE, v.number, count)) for v in content.views}
+                                 alto=content.page_file(OutputFormat.ALTO, v.number),
+                                 page=content.page_file(OutputFormat.PAGE, v.number)) for v in content.views}
     return document_mets(content.views, document_id=content.document_id, name=content.name, files=files)
 
 

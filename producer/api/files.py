@@ -1,10 +1,12 @@
 """A document's or a page's output in one format: what the workers wrote to the object store, or, for an archive
 format (ALTO, PAGE XML, hOCR, METS) they did not write, built now from the stored page results, for documents of
 at most ``api.max_build_pages`` pages. Built on request or written, a file has the same bytes: both come from the
-same page results (PAGE XML's time is when its page was finished)."""
+same page results (PAGE XML's time is when its page was finished); but a METS built on request lists its pages'
+ALTO and PAGE XML at this API's URLs (``/v1/pages/{id}?format=alto``), since no worker wrote them beside it."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 
 from fastapi.responses import Response
@@ -80,7 +82,11 @@ def _built(svc: Service, row: DocumentRow, fmt: OutputFormat, page: int | None) 
             raise ApiError(404, "not_found", f"the document has no page {number}")
         return _page_built(svc, row, job, fmt, number)
     read = document_results(svc.db, svc.store, row.id)
-    return build(fmt, document_content(svc.store, row, read.pages, created=read.finished))
+    content = document_content(svc.store, row, read.pages, created=read.finished)
+    if FORMATS[fmt].companions:  # it lists page files nobody wrote: this API's own URLs for them
+        ids = {p.page_no: p.id for p, _ in ingests.document_pages(svc.db, row.id)}
+        content = replace(content, page_file_href=lambda each, number: f"/v1/pages/{ids[number]}?format={each.value}")
+    return build(fmt, content)
 
 
 def _page_built(svc: Service, row: DocumentRow, job: JobRow, fmt: OutputFormat, number: int) -> bytes:
