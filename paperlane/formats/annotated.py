@@ -73,7 +73,8 @@ def _canvas_pixels(quads: list[list[Point]], scale: tuple[float, float]) -> list
 
 
 def _ints(points: np.ndarray) -> np.ndarray:
-    return np.rint(np.nan_to_num(points).clip(-1e6, 1e6)).astype(np.int32)
+    ints: np.ndarray = np.rint(np.nan_to_num(points).clip(-1e6, 1e6)).astype(np.int32)
+    return ints
 
 
 def build_page(content: Content, number: int, spec: Format) -> bytes:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from paperlane.errors import UsageError
 from paperlane.formats.registry import file_name
@@ -20,6 +20,9 @@ from paperlane.schemas import OutputFormat, PageResult
 
 if TYPE_CHECKING:
     from paperlane.formats.view import PageView
+
+
+_Page = TypeVar("_Page")
 
 
 def _no_original() -> bytes | None:
@@ -101,7 +104,7 @@ class Content:
         return href + ("&" if "#" in href else "#") + f"page={number}"
 
 
-def _numbered(items: Sequence[Any], number: int, key: Callable[[Any], int]) -> Any:
+def _numbered(items: Sequence[_Page], number: int, key: Callable[[_Page], int]) -> _Page:
     found = next((item for item in items if key(item) == number), None)
     if found is None:
         raise UsageError(f"no page {number} among the pages given")

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from paperlane.formats.content import Content
 from paperlane.formats.registry import Format
 from paperlane.formats.view import page_problem
-from paperlane.schemas import JobStatus, PageResult, Task
+from paperlane.schemas import PageResult, Task
+from paperlane.status import JobStatus
 
 
 def document_markdown(pages: Sequence[PageResult]) -> str:

@@ -72,7 +72,7 @@ def document_mets(pages: Sequence[PageResult | PageView], *, document_id: str, n
         div = _sub(sequence, "div", **attrs)
         for file_id in ids[view.number]:
             _sub(div, "fptr", FILEID=file_id)
-    return etree.tostring(root, xml_declaration=True, encoding="UTF-8")
+    return bytes(etree.tostring(root, xml_declaration=True, encoding="UTF-8"))
 
 
 def build_document(content: Content, _spec: Format) -> bytes:

@@ -20,7 +20,8 @@ import pypdfium2.raw as pdfium_c
 
 from paperlane.formats.view import clean_text, page_problem
 from paperlane.layout import estimate_words, is_rtl
-from paperlane.schemas import JobStatus, PageResult, Point, Task
+from paperlane.schemas import PageResult, Point, Task
+from paperlane.status import JobStatus
 
 _DESCENT, _ASCENT = 0.2, 0.8  # the glyph box spans 1 em: font size = line height
 _ADVANCE = 0.5  # every glyph is half an em wide before the horizontal scaling

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 
 from paperlane.formats.content import Content
 from paperlane.formats.registry import Format
-from paperlane.schemas import JobStatus, PageResult
+from paperlane.schemas import PageResult
+from paperlane.status import JobStatus
 
 
 def page_json(result: PageResult) -> bytes:
