@@ -31,8 +31,8 @@ from paperlane.producer.submit import SubmitAction, SubmittedPage, Submitter
 from paperlane.retry import Action, RetryPolicy
 from paperlane.schemas import JobStatus, OutputFormat, PageResult, TaskSpec
 from paperlane.storage import jobs as jobstore
-from paperlane.workers.attempts import Settled, settle
 from paperlane.storage.results import document_content, page_result
+from paperlane.workers.attempts import Settled, settle
 from paperlane.workers.outputs import Writer
 from paperlane.workers.pipeline import PageOutcome, Runtime, process_page
 
@@ -101,7 +101,8 @@ class _OutputWriter:
         stem = self._stem(page)
         name = stem if page.page_count == 1 else f"{stem}-p{page.page_no}"
         result = result.model_copy(update={"source": page.source, "page": page.page_no})
-        (self.out_dir / file_name(name, _PAGE_FILE)).write_bytes(build(_PAGE_FILE, Content([result]), page=result.page))
+        page_file = build(_PAGE_FILE, Content([result]), page=result.page)
+        (self.out_dir / file_name(name, _PAGE_FILE)).write_bytes(page_file)
         if image is not None:
             # A page done by an earlier run may have been stored in another format: its bytes say which.
             # "<name>.annotated.jpg", never "<name>.jpg": run with --out on the input folder must not

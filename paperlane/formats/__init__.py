@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from paperlane.formats.view import PageView
 
 __all__ = ["ARCHIVE_FORMATS", "FORMATS", "REGISTRY", "Content", "FileKey", "Format", "FormatKey", "Scope", "build",
-           "document_bytes", "document_files", "file_name", "format_of", "lookup", "media_type", "media_type_of", "page_bytes"]
+           "document_bytes", "document_files", "file_name", "format_of", "lookup", "media_type", "media_type_of",
+           "page_bytes"]
 
 log = logging.getLogger(__name__)
 
