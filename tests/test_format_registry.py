@@ -102,6 +102,15 @@ def test_no_module_outside_the_package_dispatches_on_a_format() -> None:
     assert not imported, "callers go through paperlane.formats, not a format's module:\n" + "\n".join(imported)
 
 
+def test_the_package_imports_nothing_from_the_layers_that_use_it() -> None:
+    """paperlane.formats is a lower layer: whatever builds a format can import it, and it imports none of them."""
+    upper = re.compile(r"^\s*(from|import)\s+paperlane\.(workers|producer|storage|priority|cli)\b", re.MULTILINE)
+    found = [f"{path.name}: {m.group(0).strip()}" for path in sorted((REPO / "paperlane" / "formats").glob("*.py"))
+             for m in upper.finditer(path.read_text())]
+    assert not found, "\n".join(found)
+    assert upper.search("from paperlane.storage.objects import ObjectStore")  # the pattern can fail
+
+
 def test_the_grep_finds_a_chain() -> None:
     """The test above can fail: each pattern catches what it is there for."""
     for chain in ('if fmt == "alto":', "elif fmt is OutputFormat.METS:", 'name + ".page.xml"',
