@@ -17,7 +17,9 @@ from PIL import Image, ImageOps
 
 from paperlane.errors import InputError
 from paperlane.models.engine import InputSpec
-from paperlane.workers.preprocess import Limits, grey_preview, prepare_page, target_size
+from paperlane.workers.fit import grey_preview, target_size
+from paperlane.workers.input_limits import Limits
+from paperlane.workers.preprocess import prepare_page
 from tests.pages import BAD_INPUTS, huge_declared_png, prepare, render_page, sample_lines, truncated_jpeg
 
 VLM_SPEC = InputSpec(encoding="jpeg", max_side=2048, max_pixels=2048 * 2048, min_pixels=512 * 512, multiple_of=32)
