@@ -35,7 +35,7 @@ import redis
 from common import Producer, Services, small_page, start_services, start_worker, stop, write_config
 from sqlalchemy import func, select
 
-from paperlane.producer.inputs import Document
+from paperlane.producer.input_items import Document
 from paperlane.producer.submit import SubmittedPage, Submitter
 from paperlane.schemas import TaskSpec
 from paperlane.status import JobStatus

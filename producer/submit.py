@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Protocol
 from paperlane.errors import InputError, OverBudget, UsageError, public_reason
 from paperlane.priority.fair import Share
 from paperlane.priority.lanes import Lane, message_priority
-from paperlane.producer.inputs import Document, Skipped
+from paperlane.producer.input_items import Document, Skipped
 from paperlane.schemas import MAX_WEIGHT, MIN_WEIGHT, Stage, TaskSpec
 from paperlane.settings import IngestSettings
 from paperlane.status import JobStatus, PageState

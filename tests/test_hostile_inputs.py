@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from paperlane.producer.inputs import Document, Inflation, Skipped, expand
+from paperlane.producer.input_items import Document, Inflation, Skipped
+from paperlane.producer.inputs import expand
 from paperlane.settings import IngestSettings
 from tests.bombs import zeros_tar_gz
 from tests.test_inputs import documents, jpeg, pdf_bytes, refusals, tar_bytes, zip_bytes
@@ -61,7 +62,8 @@ def traced_peak(run: Callable[[], list[Document | Skipped]]) -> tuple[list[Docum
 MEASURE = """
 import json, resource, sys
 import pypdfium2, PIL.TiffImagePlugin  # loaded before the baseline
-from paperlane.producer.inputs import Document, expand
+from paperlane.producer.input_items import Document
+from paperlane.producer.inputs import expand
 from paperlane.settings import IngestSettings
 
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

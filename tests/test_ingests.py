@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 
-from paperlane.producer.inputs import Document
+from paperlane.producer.input_items import Document
 from paperlane.producer.submit import SubmittedPage, Submitter, submit_documents
 from paperlane.retry import RetryPolicy
 from paperlane.schemas import JobStatus, PageResult, TaskSpec

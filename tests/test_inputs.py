@@ -15,7 +15,8 @@ import pytest
 from PIL import Image
 
 from paperlane.errors import UsageError
-from paperlane.producer.inputs import Document, Skipped, check_paths, expand
+from paperlane.producer.input_items import Document, Skipped
+from paperlane.producer.inputs import check_paths, expand
 from paperlane.settings import IngestSettings
 from tests.pages import render_page, sample_lines
 from tests.services import S3_KEY, S3_SECRET, Service

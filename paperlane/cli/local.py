@@ -32,7 +32,7 @@ from paperlane.schemas import PageResult, Task
 from paperlane.status import JobStatus
 
 if TYPE_CHECKING:
-    from paperlane.producer.inputs import Skipped
+    from paperlane.producer.input_items import Skipped
 
 
 @app.command()

@@ -32,7 +32,8 @@ def submit(
 
     Submitting the same paths again after an interruption resumes that ingest."""
     from paperlane.priority.broker import make_celery
-    from paperlane.producer.inputs import Skipped, check_paths, expand
+    from paperlane.producer.input_items import Skipped
+    from paperlane.producer.inputs import check_paths, expand
     from paperlane.producer.submit import CeleryPublisher, Submitter
     from paperlane.storage.db import Database
     from paperlane.storage.objects import open_store

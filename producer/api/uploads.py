@@ -26,7 +26,7 @@ from paperlane.producer import inputs
 from paperlane.producer.api.errors import ApiError, public
 from paperlane.producer.api.options import Options
 from paperlane.producer.api.service import Service
-from paperlane.producer.inputs import Document, Inflation, Skipped
+from paperlane.producer.input_items import Document, Inflation, Skipped
 from paperlane.producer.submit import SubmittedPage, Submitter
 from paperlane.schemas import TaskSpec
 from paperlane.storage import ingests
