@@ -9,7 +9,7 @@ from datetime import datetime
 
 from paperlane.errors import PaperlaneError
 from paperlane.schemas import JobStatus, PageResult, Task
-from paperlane.storage import ingests
+from paperlane.storage import status_reads
 from paperlane.storage.db import Database, as_utc
 from paperlane.storage.objects import ObjectStore
 from paperlane.storage.tables import DocumentRow, JobRow
@@ -47,9 +47,9 @@ def document_results(db: Database, store: ObjectStore, document_id: str, *,
                      known: Mapping[str, PageResult] | None = None) -> DocumentResults:
     """The document and its pages' results (one read of each page's stored result, but for the pages in ``known``:
     job id -> the result the caller stored for it). Raises DocumentNotFound."""
-    document = ingests.get_document(db, document_id)
+    document = status_reads.get_document(db, document_id)
     pages, finished = [], {}
-    for page, job in ingests.document_pages(db, document_id):
+    for page, job in status_reads.document_pages(db, document_id):
         pages.append(page_result(store, job, source=document.source, page_no=page.page_no, known=known))
         if (at := as_utc(job.finished_at)) is not None:
             finished[page.page_no] = at

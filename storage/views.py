@@ -10,8 +10,8 @@ from typing import Any
 
 from paperlane.schemas import OutputFormat, PageResult
 from paperlane.status import EngineShare, JobStatus, OutputsState, PageState, Progress, RollupState
-from paperlane.storage.ingests import ReviewPage
 from paperlane.storage.outputs import written_formats
+from paperlane.storage.status_reads import ReviewPage
 from paperlane.storage.tables import DocumentRow, IngestRow, JobRow
 
 

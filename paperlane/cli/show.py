@@ -29,8 +29,8 @@ def status(
     """Status: of jobs (their attempts, error, stage timings, results), or the progress of an ingest or a
     document (pages queued / running / succeeded / failed, pages/s, time left, failures by reason; an ingest's
     share of the engine now and the time it needs at that share)."""
-    from paperlane.storage import ingests, views
     from paperlane.storage import jobs as jobstore
+    from paperlane.storage import status_reads, views
     from paperlane.storage.db import Database
     from paperlane.storage.objects import open_store
 
@@ -38,14 +38,14 @@ def status(
     db = Database(settings.database_url)
     if ingest or document:
         view = (_ingest_view(settings, db, ingest) if ingest
-                else views.document_view(*ingests.document_progress(db, document or "")))
+                else views.document_view(*status_reads.document_progress(db, document or "")))
         if as_json:
             print(json.dumps(view, indent=1))
         else:
             _print_progress(view)
         raise typer.Exit(1 if view[PageState.FAILED.value] else 0)
     if page:
-        found = ingests.get_page(db, page)
+        found = status_reads.get_page(db, page)
         job_ids = [found.job.id]
     if not job_ids:
         raise UsageError("give job ids, --page, --document or --ingest")
@@ -64,9 +64,9 @@ def _ingest_view(settings: Settings, db: Any, ingest_id: str) -> dict[str, Any]:
     """The ingest's view, with its share of the engine read from Redis while its pages are not all final."""
     from paperlane.priority.connection import open_redis
     from paperlane.priority.fair import FairLanes
-    from paperlane.storage import ingests, views
+    from paperlane.storage import status_reads, views
 
-    row, progress, failures = ingests.ingest_progress(db, ingest_id)
+    row, progress, failures = status_reads.ingest_progress(db, ingest_id)
     share = None
     if not progress.done and settings.fair_share.enabled:
         client = open_redis(settings.redis)
@@ -155,11 +155,11 @@ def review(
 ) -> None:
     """Pages of an ingest whose results need a person's eyes (a loop stopped, a fallback engine, truncated, empty,
     low confidence), with why and their confidence, by document and page."""
-    from paperlane.storage import ingests, views
+    from paperlane.storage import status_reads, views
     from paperlane.storage.db import Database
 
     db = Database(_settings().database_url)
-    shown = [views.review_view(p) for p in ingests.review_pages(db, ingest, limit=limit)]
+    shown = [views.review_view(p) for p in status_reads.review_pages(db, ingest, limit=limit)]
     if as_json:
         print(json.dumps(shown, indent=1))
         return
