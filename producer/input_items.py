@@ -19,10 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO
 
-from paperlane import filetypes
+from paperlane import filetypes, pdfium
 from paperlane.errors import InputError
 from paperlane.filetypes import FileType
-from paperlane.pdfium import LOCK as PDFIUM_LOCK
 from paperlane.settings import IngestSettings
 
 log = logging.getLogger(__name__)
@@ -156,15 +155,11 @@ def _document(item: _Item, fmt: FileType, data: bytes, limits: IngestSettings) -
 
 
 def _pdf_pages(data: bytes) -> int:
-    import pypdfium2 as pdfium
-    import pypdfium2.raw as pdfium_c
-
-    with PDFIUM_LOCK:  # paperlane run reads inputs while its worker threads may render PDF pages
+    with pdfium.LOCK:  # paperlane run reads inputs while its worker threads may render PDF pages
         try:
-            pdf = pdfium.PdfDocument(data)
-        except pdfium.PdfiumError as exc:
-            encrypted = exc.err_code == pdfium_c.FPDF_ERR_PASSWORD
-            raise _Refused("encrypted PDF (password required)" if encrypted else "unreadable PDF") from exc
+            pdf = pdfium.open_document(data, stage="upload")
+        except InputError as exc:
+            raise _Refused(str(exc)) from exc
         try:
             if not (pages := len(pdf)):
                 raise _Refused("PDF has no pages")

@@ -22,7 +22,6 @@ from __future__ import annotations
 import ctypes
 import math
 import mmap
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -79,13 +78,8 @@ def open_pdf(source: bytes | str | ObjectReader, *,
     (default: ``source`` itself when it is bytes); a list of pieces of it (what a reader has read so
     far) is looked at anew for each page. Raises InputError for an unreadable or encrypted PDF.
     """
-    import pypdfium2 as pdfium
-
     with PDFIUM_LOCK:
-        try:
-            pdf = pdfium.PdfDocument(source)
-        except pdfium.PdfiumError as exc:
-            raise _pdf_error(exc) from None
+        pdf = pdfium_lock.open_document(source, stage=_STAGE)
     if contents is None:
         if not isinstance(source, bytes):
             raise TypeError("open_pdf: a path or a reader needs its contents")
@@ -126,7 +120,7 @@ def pdf_page_pixels(pdf: PdfFile, page: int, spec: InputSpec, limits: Limits) ->
             finally:
                 pdf_page.close()
         except pdfium.PdfiumError as exc:
-            raise InputError(f"unreadable PDF page {page} ({_pdfium_reason(exc)})", stage=_STAGE) from None
+            raise InputError(f"unreadable PDF page {page} ({pdfium_lock.reason(exc)})", stage=_STAGE) from None
 
 
 def _render(pdf_page: pypdfium2.PdfPage, page: int, spec: InputSpec, limits: Limits,
@@ -269,21 +263,3 @@ def _check_objects(count: int, get: Callable[[Any, int], Any], holder: Any, page
             elif kind == form and depth < 15:
                 pending.append((pdfium_c.FPDFFormObj_CountObjects(obj), pdfium_c.FPDFFormObj_GetObject, obj,
                                 depth + 1))
-
-
-def _pdf_error(exc: Exception) -> InputError:
-    """What PDFium's refusal to open a document means for its owner."""
-    import pypdfium2.raw as pdfium_c
-
-    code = getattr(exc, "err_code", None)
-    if code == pdfium_c.FPDF_ERR_PASSWORD:
-        return InputError("encrypted PDF (it opens only with its password)", stage=_STAGE)
-    if code == pdfium_c.FPDF_ERR_SECURITY:
-        return InputError("encrypted PDF (unsupported security handler)", stage=_STAGE)
-    return InputError(f"unreadable PDF ({_pdfium_reason(exc)})", stage=_STAGE)
-
-
-def _pdfium_reason(exc: Exception) -> str:
-    """PDFium's own short account, on one line ("PDFium: Data format error")."""
-    found = re.search(r"PDFium: [^)]*", str(exc))
-    return found.group(0) if found else " ".join(str(exc).split())[:120].rstrip(".")
