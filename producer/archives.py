@@ -19,7 +19,7 @@ from functools import partial
 from typing import IO
 
 from paperlane import filetypes
-from paperlane.filetypes import FileType
+from paperlane.filetypes import Compression, FileType
 from paperlane.producer.input_items import (
     _CHUNK,
     Document,
@@ -226,11 +226,12 @@ class _Meter:
         self._raw, self._limits, self._inflation, self._total = fh, ctx.limits, ctx.inflation, 0
         # read1 for the compressed kinds: a read that meets a truncation raises, losing all it inflated before.
         self._read: Callable[[int], bytes] = fh.read
-        if head.startswith(b"\x1f\x8b"):
+        kind = filetypes.compression(head)
+        if kind is Compression.GZIP:
             self._read = gzip.GzipFile(fileobj=fh, mode="rb").read1
-        elif head.startswith(b"BZh"):
+        elif kind is Compression.BZIP2:
             self._read = bz2.BZ2File(fh).read1
-        elif head.startswith(b"\xfd7zXZ\x00"):
+        elif kind is Compression.XZ:
             self._read = lzma.LZMAFile(fh).read1
 
     def read(self, size: int = -1) -> bytes:

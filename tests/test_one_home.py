@@ -77,7 +77,8 @@ def test_every_state_word_comes_from_the_status_module() -> None:
 
 
 def test_only_the_formats_module_reads_magic_bytes() -> None:
-    magic = (b"%PDF", b"\xff\xd8\xff", b"\x89PNG", b"II*\x00", b"MM\x00*", b"PK\x03\x04", b"GIF8")
+    magic = (b"%PDF", b"\xff\xd8\xff", b"\x89PNG", b"II*\x00", b"MM\x00*", b"PK\x03\x04", b"GIF8", b"\x1f\x8b", b"BZh",
+             b"\xfd7zXZ")
     wrong = [f"{rel}:{node.lineno}" for rel, tree in _sources(skip={"paperlane/filetypes.py"})
              for node in ast.walk(tree)
              if isinstance(node, ast.Constant) and isinstance(node.value, bytes)
