@@ -1,5 +1,6 @@
 """Policies with one home: only ``priority.keys`` names Redis keys, only ``priority.connection`` opens a Redis
-client, only ``paperlane.status`` spells a state, only ``paperlane.filetypes`` reads magic bytes."""
+client, only ``paperlane.status`` spells a state, only ``paperlane.filetypes`` reads magic bytes, only
+``paperlane.errors.first_error`` words what pydantic found wrong."""
 
 from __future__ import annotations
 
@@ -84,3 +85,13 @@ def test_only_the_formats_module_reads_magic_bytes() -> None:
              if isinstance(node, ast.Constant) and isinstance(node.value, bytes)
              and any(node.value.startswith(m) for m in magic)]
     assert not wrong, "magic bytes outside paperlane/filetypes.py:\n" + "\n".join(wrong)
+
+
+def test_only_the_errors_module_words_a_validation_error() -> None:
+    """``first_error`` reads pydantic's ``exc.errors()[0]``; a second reader is a second wording."""
+    wrong = [f"{rel}:{node.lineno}" for rel, tree in _sources(skip={"paperlane/errors.py"})
+             for node in ast.walk(tree)
+             if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Call)
+             and isinstance(node.value.func, (ast.Attribute, ast.Name))
+             and getattr(node.value.func, "attr", getattr(node.value.func, "id", None)) == "errors"]
+    assert not wrong, "validation errors worded outside paperlane/errors.py:\n" + "\n".join(wrong)

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from paperlane.errors import PaperlaneError, UsageError
+from paperlane.errors import PaperlaneError, UsageError, first_error
 from paperlane.priority.lanes import Lane
 from paperlane.schemas import Task, TaskSpec
 from paperlane.settings import EngineKind, EngineSettings, Settings, WorkerSettings, load_settings
@@ -74,7 +74,7 @@ def _settings(engine: EngineKind | None = None, engine_url: str | None = None, m
             settings = settings.model_copy(update={"engine": merged})
         return settings
     except ValueError as exc:
-        raise UsageError(_first_error(exc)) from exc
+        raise UsageError(first_error(exc)) from exc
 
 
 def _with_formats(settings: Settings, formats: str | None) -> Settings:
@@ -84,23 +84,15 @@ def _with_formats(settings: Settings, formats: str | None) -> Settings:
     try:
         worker = WorkerSettings.model_validate({**settings.worker.model_dump(), "output_formats": formats})
     except ValueError as exc:
-        raise UsageError(f"--formats: {_first_error(exc)}") from exc
+        raise UsageError(f"--formats: {first_error(exc)}") from exc
     return settings.model_copy(update={"worker": worker})
-
-
-def _first_error(exc: ValueError) -> str:
-    errors = getattr(exc, "errors", None)
-    if callable(errors):
-        first = errors()[0]
-        return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}".strip(": ")
-    return str(exc)
 
 
 def _spec(task: Task, fields: list[str] | None, to: str) -> TaskSpec:
     try:
         return TaskSpec(task=task, fields=tuple(fields or ()), target_language=to)
     except ValueError as exc:
-        raise UsageError(_first_error(exc)) from exc
+        raise UsageError(first_error(exc)) from exc
 
 
 def _shown(text: object) -> str:

@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
+from paperlane.errors import first_error
 from paperlane.priority.lanes import LEVELS_PER_LANE, Lane, message_priority
 from paperlane.producer.api.errors import ApiError
 from paperlane.producer.webhooks import check_callback
@@ -53,17 +54,9 @@ def checked(options: Options | dict[str, Any], who: Caller, api: ApiSettings) ->
         opts = options if isinstance(options, Options) else Options.model_validate(options)
         spec = opts.spec()
     except (ValidationError, ValueError) as exc:
-        raise ApiError(422, "invalid_request", _first_error(exc)) from None
+        raise ApiError(422, "invalid_request", first_error(exc)) from None
     if not who.interactive and message_priority(opts.lane, opts.priority) < Lane.BATCH.base_priority:
         raise ApiError(403, "lane_forbidden", "this key may not use the interactive lane")
     if opts.callback_url:
         check_callback(opts.callback_url, api)
     return opts, spec
-
-
-def _first_error(exc: Exception) -> str:
-    if not isinstance(exc, ValidationError):
-        return str(exc)
-    first = exc.errors()[0]
-    where = ".".join(str(p) for p in first["loc"])
-    return f"{where}: {first['msg']}" if where else str(first["msg"])
