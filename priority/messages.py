@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from paperlane.errors import first_error
 from paperlane.priority import fair
 from paperlane.priority.lanes import PRIORITY_STEPS, TASK_PROCESS_PAGE
-from paperlane.schemas import MAX_WEIGHT, MIN_WEIGHT
+from paperlane.schemas import Weight
 
 
 class BadMessage(ValueError):
@@ -59,8 +59,8 @@ class _Share(BaseModel):
 
     tenant: str = Field(pattern=_NAME)
     ingest: str = Field(pattern=_NAME)
-    tenant_weight: float = Field(1.0, ge=MIN_WEIGHT, le=MAX_WEIGHT)
-    ingest_weight: float = Field(1.0, ge=MIN_WEIGHT, le=MAX_WEIGHT)
+    tenant_weight: Weight = 1.0
+    ingest_weight: Weight = 1.0
 
 
 class _Headers(_Strict):

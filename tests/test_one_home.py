@@ -5,8 +5,13 @@ client, only ``paperlane.status`` spells a state, only ``paperlane.filetypes`` r
 from __future__ import annotations
 
 import ast
+import math
 import re
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
 
 from paperlane.priority import keys
 from paperlane.status import JobStatus, OutputsState, PageState, RollupState
@@ -95,3 +100,32 @@ def test_only_the_errors_module_words_a_validation_error() -> None:
              and isinstance(node.value.func, (ast.Attribute, ast.Name))
              and getattr(node.value.func, "attr", getattr(node.value.func, "id", None)) == "errors"]
     assert not wrong, "validation errors worded outside paperlane/errors.py:\n" + "\n".join(wrong)
+
+
+def test_only_the_schemas_module_bounds_a_weight() -> None:
+    wrong = [f"{rel}:{node.lineno}" for rel, tree in _sources(skip={"paperlane/schemas.py"})
+             for node in ast.walk(tree) if isinstance(node, ast.Name) and node.id in ("MIN_WEIGHT", "MAX_WEIGHT")]
+    assert not wrong, "weight bounds read outside paperlane/schemas.py:\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize("weight", [0.0, 0.0009, 0.001, 1.0, 1000.0, 1000.5, math.inf, math.nan, -1.0])
+def test_every_edge_takes_the_same_weights(weight: float) -> None:
+    """The API's options, a page message's share and the command line's checks agree on what a weight is."""
+    from paperlane.errors import UsageError
+    from paperlane.priority.fair import HEADER
+    from paperlane.priority.messages import BadMessage, page_share
+    from paperlane.producer.api.options import Options
+    from paperlane.schemas import MAX_WEIGHT, MIN_WEIGHT, check_weight
+
+    def taken(check: Callable[[], object], refused: type[Exception]) -> bool:
+        try:
+            check()
+        except refused:
+            return False
+        return True
+
+    expected = math.isfinite(weight) and MIN_WEIGHT <= weight <= MAX_WEIGHT
+    assert taken(lambda: Options.model_validate({"weight": weight}), ValidationError) is expected
+    assert taken(lambda: page_share({HEADER: {"tenant": "t", "ingest": "i", "ingest_weight": weight}}),
+                 BadMessage) is expected
+    assert taken(lambda: check_weight(weight), UsageError) is expected

@@ -10,7 +10,7 @@ from paperlane.errors import first_error
 from paperlane.priority.lanes import LEVELS_PER_LANE, Lane, message_priority
 from paperlane.producer.api.errors import ApiError
 from paperlane.producer.webhooks import check_callback
-from paperlane.schemas import MAX_WEIGHT, MIN_WEIGHT, Task, TaskSpec
+from paperlane.schemas import Task, TaskSpec, Weight
 from paperlane.settings import ApiSettings
 from paperlane.storage.tenants import Caller
 
@@ -23,7 +23,7 @@ class Options(BaseModel):
     priority: int = Field(0, ge=0, le=LEVELS_PER_LANE - 1, description="order within the lane, 0 (first) to 4")
     callback_url: str | None = Field(None, description="POSTed (signed) when the ingest finishes")
     name: str | None = Field(None, max_length=200)
-    weight: float = Field(1.0, ge=MIN_WEIGHT, le=MAX_WEIGHT, description="the ingest's share of its tenant's turns "
+    weight: Weight = Field(1.0, description="the ingest's share of its tenant's turns "
                           "beside the tenant's other ingests (fair share within the lane)")
 
     @field_validator("fields", "to", "name", mode="after")  # a callback URL is checked as one (400)
