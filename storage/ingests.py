@@ -193,12 +193,12 @@ def register(db: Database, ingest_id: str, *, jobs: list[dict[str, Any]], docume
         if dialect == "postgresql":
             query = query.with_for_update(read=True)  # a job finishing now waits, then sees these pages
         for job_id, status, enqueued_at, error, needs_review in s.execute(query):
-            out.job_status[job_id] = JobStatus(status)
-            if status == JobStatus.SUCCEEDED.value and needs_review:
+            state = out.job_status[job_id] = JobStatus(status)
+            if state is JobStatus.SUCCEEDED and needs_review:
                 out.needs_review.add(job_id)
-            if status == JobStatus.FAILED.value:
+            if state is JobStatus.FAILED:
                 out.errors[job_id] = error or "unknown"
-            if status == JobStatus.QUEUED.value and enqueued_at is None:
+            if state is JobStatus.QUEUED and enqueued_at is None:
                 out.unpublished.add(job_id)
         _count_new(s, ingest_id, documents, pages, out, now)
         if reserved:

@@ -22,14 +22,14 @@ def page_result(store: ObjectStore, job: JobRow, *, source: str, page_no: int,
     """A page's result: its job's stored result (``known[job.id]`` when the caller holds what it stored), or a
     failed one saying why there is none."""
     result: PageResult | None = None
-    if job.status == JobStatus.SUCCEEDED.value and job.result_key:
+    if job.status == JobStatus.SUCCEEDED and job.result_key:
         result = known.get(job.id) if known else None
         try:
             result = result or PageResult.model_validate_json(store.get(job.result_key))
         except (PaperlaneError, ValueError) as exc:
             log.warning("stored result of job %s unreadable (%s)", job.id, exc)
     if result is None:
-        error = job.error or ("not finished" if job.status in (JobStatus.QUEUED.value, JobStatus.RUNNING.value)
+        error = job.error or ("not finished" if job.status in (JobStatus.QUEUED, JobStatus.RUNNING)
                               else "stored result missing")
         result = PageResult(job_id=job.id, source=source, page=page_no, status=JobStatus.FAILED,
                             error=error, task=Task(job.task))

@@ -71,7 +71,7 @@ def _live(where: Any) -> tuple[Any, Any]:
     (partial indexes on jobs), then their pages."""
     j = _JOBS.c
     joined = _JOBS.join(_PAGES, _PAGES.c.job_id == j.id)
-    running = select(func.count()).select_from(joined).where(j.status == JobStatus.RUNNING.value, where)
+    running = select(func.count()).select_from(joined).where(j.status == JobStatus.RUNNING, where)
     unpublished = select(func.count()).select_from(joined).where(unpublished_jobs(_JOBS), where)
     return running.scalar_subquery(), unpublished.scalar_subquery()
 
@@ -79,7 +79,7 @@ def _live(where: Any) -> tuple[Any, Any]:
 def _failures(s: Session, where: Any) -> list[tuple[str, int]]:
     j = _JOBS.c
     rows = s.execute(select(j.error, func.count().label("n")).select_from(_JOBS.join(_PAGES, _PAGES.c.job_id == j.id))
-                     .where(j.status == JobStatus.FAILED.value, where).group_by(j.error)
+                     .where(j.status == JobStatus.FAILED, where).group_by(j.error)
                      .order_by(func.count().desc()).limit(20)).all()
     return [(error or "unknown", int(n)) for error, n in rows]
 
@@ -153,7 +153,7 @@ def review_pages(db: Database, ingest_id: str, *, tenant_id: str | None = None, 
         query = (select(p.id, p.document_id, d.source, p.page_no, j.id, j.review_flags, j.confidence, j.engine,
                         j.annotated_key)
                  .select_from(_JOBS.join(_PAGES, p.job_id == j.id).join(_DOCUMENTS, d.id == p.document_id))
-                 .where(j.needs_review, j.status == JobStatus.SUCCEEDED.value, p.ingest_id == ingest_id)
+                 .where(j.needs_review, j.status == JobStatus.SUCCEEDED, p.ingest_id == ingest_id)
                  .order_by(d.source, p.page_no).limit(limit))
         if after is not None:
             query = query.where((d.source > after[0]) | ((d.source == after[0]) & (p.page_no > after[1])))
