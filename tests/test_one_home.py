@@ -143,3 +143,15 @@ def test_a_migration_imports_nothing_that_changes_with_the_code() -> None:
             wrong += [f"{path.name}:{node.lineno} {name}" for name in names
                       if name.split(".")[0] in PACKAGES and not name.startswith("paperlane.storage.migrations")]
     assert not wrong, "migrations importing live code:\n" + "\n".join(wrong)
+
+
+def test_the_worker_and_the_api_each_open_one_redis_client_for_their_parts() -> None:
+    """What ``priority/connection.py`` says: a worker and an API process open one client each (the CLI's commands
+    one each); their parts take it (no part may open one: the test above)."""
+    calls: dict[str, int] = {}
+    for rel, tree in _sources(skip=set()):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "open_redis":
+                calls[rel] = calls.get(rel, 0) + 1
+    assert {rel: n for rel, n in calls.items() if not rel.startswith("paperlane/cli/")} == {
+        "workers/worker.py": 1, "producer/api/service.py": 1}

@@ -1,12 +1,12 @@
 """The ``paperlane`` command line, one module per group of commands:
 
-- ``run`` (``local``): documents processed in this process, no Redis needed;
+- ``run`` (``local``): documents processed in this process;
 - ``submit`` (``submission``): an ingest registered and queued;
 - ``worker``, ``api`` (``services``): the long-running processes;
 - ``status``, ``review``, ``report`` (``show``): what there is to see;
 - ``keys create|list|revoke|rotate-secret|grant|ungrant|grants`` (``api_keys``): tenants' keys and grants;
 - ``tenants set|list``, ``usage`` (``accounts``): tenants' weights, budgets and what they used;
-- ``db upgrade``, ``dead-letters`` (``maintenance``).
+- ``db upgrade``, ``dead-letters`` (``maintenance``): the database's schema, messages workers set aside.
 
 ``root`` holds the app, its global options and ``main``, the entry point.
 """
