@@ -2,7 +2,7 @@
 
 - ``run`` (``local``): documents processed in this process;
 - ``submit`` (``submission``): an ingest registered and queued;
-- ``worker``, ``api`` (``services``): the long-running processes;
+- ``worker``, ``api`` (``servers``): the long-running processes;
 - ``status``, ``review``, ``report`` (``show``): what there is to see;
 - ``keys create|list|revoke|rotate-secret|grant|ungrant|grants`` (``api_keys``): tenants' keys and grants;
 - ``tenants set|list``, ``usage`` (``accounts``): tenants' weights, budgets and what they used;
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 # isort: off
 # Imported in the order ``paperlane --help`` lists their commands.
-from paperlane.cli import local, submission, services, show, maintenance, api_keys, accounts
+from paperlane.cli import local, submission, servers, show, maintenance, api_keys, accounts
 # isort: on
 from paperlane.cli.root import app, main
 
-__all__ = ["accounts", "api_keys", "app", "local", "main", "maintenance", "services", "show", "submission"]
+__all__ = ["accounts", "api_keys", "app", "local", "main", "maintenance", "servers", "show", "submission"]
