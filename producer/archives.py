@@ -21,49 +21,49 @@ from typing import IO
 from paperlane import filetypes
 from paperlane.filetypes import Compression, FileType
 from paperlane.producer.input_items import (
-    _CHUNK,
+    CHUNK,
+    ArchiveFull,
     Document,
     Inflation,
+    Item,
+    Reading,
+    Refused,
     Skipped,
-    _ArchiveFull,
-    _bytes,
-    _check,
-    _copy,
-    _document,
-    _head,
-    _hidden,
-    _inflated,
-    _Item,
-    _Reading,
-    _refusal,
-    _Refused,
-    _text,
-    _why,
+    bomb_reason,
+    check_size,
+    clean_text,
+    copy_checked,
+    document_of,
+    is_hidden,
+    read_head,
+    refusal,
+    size_text,
+    why_unreadable,
 )
 from paperlane.settings import IngestSettings
 
 
-def _guarded(item: _Item, what: str, documents: Iterator[Document | Skipped], *,
+def guarded(item: Item, what: str, documents: Iterator[Document | Skipped], *,
              member: bool = False) -> Iterator[Document | Skipped]:
     """``documents``, and in place of the exception that stops them a refusal of ``item``; an archive that holds too
     much stops its container too (``member``: the container says so, from this member on)."""
     try:
         yield from documents
-    except _ArchiveFull as exc:
+    except ArchiveFull as exc:
         if member:
             raise
-        yield _refusal(item.source, item.name, f"archive refused: {exc}")
+        yield refusal(item.source, item.name, f"archive refused: {exc}")
     except Exception as exc:
-        yield _refusal(item.source, item.name, f"unreadable {what} ({_why(exc)})")
+        yield refusal(item.source, item.name, f"unreadable {what} ({why_unreadable(exc)})")
 
 
-def _item(item: _Item, ctx: _Reading, depth: int, *, explicit: bool) -> Iterator[Document | Skipped]:
+def read_item(item: Item, ctx: Reading, depth: int, *, explicit: bool) -> Iterator[Document | Skipped]:
     """``item`` as a document, or the documents of the archive it is (``depth``: archives it is inside).
 
     An error reading its bytes propagates, for its container knows whether the rest can still be read;
     anything else wrong with it is its refusal.
     """
-    if not explicit and _hidden(item.name):
+    if not explicit and is_hidden(item.name):
         yield Skipped(item.source, "hidden file")
         return
     if not explicit and filetypes.of_name(item.name) is None:
@@ -75,29 +75,29 @@ def _item(item: _Item, ctx: _Reading, depth: int, *, explicit: bool) -> Iterator
     started = time.perf_counter()
     try:
         with item.open() as stream:
-            head = _head(stream)
+            head = read_head(stream)
             fmt = filetypes.sniff(head) or filetypes.of_name(item.name)
             if fmt is None:
-                raise _Refused("unsupported file type")
+                raise Refused("unsupported file type")
             if fmt.archive:
                 yield from _archive(item, fmt, head, stream, ctx, depth)
                 return
-            _check(item, item.size, limits.max_document_bytes, "max_document_bytes", limits)
+            check_size(item, item.size, limits.max_document_bytes, "max_document_bytes", limits)
             sink = io.BytesIO()
-            _copy(item, head, stream, sink, limits.max_document_bytes, "max_document_bytes", limits)
-    except _Refused as exc:
-        yield _refusal(item.source, item.name, str(exc))
+            copy_checked(item, head, stream, sink, limits.max_document_bytes, "max_document_bytes", limits)
+    except Refused as exc:
+        yield refusal(item.source, item.name, str(exc))
         return
-    document = _document(item, fmt, sink.getvalue(), limits)
+    document = document_of(item, fmt, sink.getvalue(), limits)
     document.read_s = time.perf_counter() - started
     yield document
 
 
-def _archive(item: _Item, fmt: FileType, head: bytes, stream: IO[bytes], ctx: _Reading,
+def _archive(item: Item, fmt: FileType, head: bytes, stream: IO[bytes], ctx: Reading,
              depth: int) -> Iterator[Document | Skipped]:
     limits = ctx.limits
     if depth > limits.max_depth:
-        raise _Refused(f"archive nested more than {limits.max_depth} deep (ingest.max_depth)")
+        raise Refused(f"archive nested more than {limits.max_depth} deep (ingest.max_depth)")
     members = _zip if fmt is FileType.ZIP else _tar
     if item.seekable:  # a local file, read in place: bounded by what it holds
         stream.seek(0)
@@ -107,9 +107,9 @@ def _archive(item: _Item, fmt: FileType, head: bytes, stream: IO[bytes], ctx: _R
     # what it may hold, before it fills the disk.
     setting = "max_document_bytes" if depth else "max_archive_bytes"
     limit: int = getattr(limits, setting)
-    _check(item, item.size, limit, setting, limits)
+    check_size(item, item.size, limit, setting, limits)
     with tempfile.SpooledTemporaryFile(max_size=limits.spool_bytes) as spool:
-        _copy(item, head, stream, spool, limit, setting, limits)
+        copy_checked(item, head, stream, spool, limit, setting, limits)
         spool.seek(0)
         yield from members(item, spool, head, ctx, depth + 1)
 
@@ -119,44 +119,44 @@ def _full(limits: IngestSettings, members: int, size: int) -> str | None:
     if members > limits.max_members:
         return f"more than {limits.max_members:,} members (ingest.max_members)"
     if size > limits.max_archive_bytes:
-        return f"more than {_bytes(limits.max_archive_bytes)} uncompressed (ingest.max_archive_bytes)"
+        return f"more than {size_text(limits.max_archive_bytes)} uncompressed (ingest.max_archive_bytes)"
     return None
 
 
-def _zip(archive: _Item, fh: IO[bytes], head: bytes, ctx: _Reading,
+def _zip(archive: Item, fh: IO[bytes], head: bytes, ctx: Reading,
          depth: int) -> Iterator[Document | Skipped]:
     """The members of a zip archive, in its directory's order, each read on its own."""
     limits = ctx.limits
     try:
         # zipfile loads the whole directory: refuse one too long before it does.
         if _zip_entries(fh, limits.max_members) > limits.max_members:
-            raise _Refused(f"more than {limits.max_members:,} members (ingest.max_members)")
+            raise Refused(f"more than {limits.max_members:,} members (ingest.max_members)")
         zf = zipfile.ZipFile(fh)
-    except _Refused as exc:
-        yield _refusal(archive.source, archive.name, str(exc))
+    except Refused as exc:
+        yield refusal(archive.source, archive.name, str(exc))
         return
     except Exception as exc:
-        yield _refusal(archive.source, archive.name, f"unreadable zip archive ({_why(exc)})")
+        yield refusal(archive.source, archive.name, f"unreadable zip archive ({why_unreadable(exc)})")
         return
     with zf:
         size = 0
         for n, info in enumerate(zf.infolist(), 1):
             size += info.file_size
             if why := _full(limits, n, size):
-                yield _refusal(archive.source, archive.name, f"archive refused from member {n:,} on: {why}")
+                yield refusal(archive.source, archive.name, f"archive refused from member {n:,} on: {why}")
                 return
-            source = f"{archive.source}!{_text(info.filename)}"
+            source = f"{archive.source}!{clean_text(info.filename)}"
             if info.is_dir():
                 continue
             if stat.S_ISLNK(info.external_attr >> 16):
                 yield Skipped(source, "zip symlink ignored")
                 continue
-            member = _Item(source, info.filename, info.file_size, partial(_zip_open, zf, info, ctx.inflation),
+            member = Item(source, info.filename, info.file_size, partial(_zip_open, zf, info, ctx.inflation),
                            info.compress_size)
             try:
-                yield from _guarded(member, "zip member", _item(member, ctx, depth, explicit=False), member=True)
-            except _ArchiveFull as exc:
-                yield _refusal(archive.source, archive.name, f"archive refused from member {n:,} on: {exc}")
+                yield from guarded(member, "zip member", read_item(member, ctx, depth, explicit=False), member=True)
+            except ArchiveFull as exc:
+                yield refusal(archive.source, archive.name, f"archive refused from member {n:,} on: {exc}")
                 return
 
 
@@ -196,7 +196,7 @@ def _zip_entries(fh: IO[bytes], cap: int) -> int:
 
 def _zip_open(zf: zipfile.ZipFile, info: zipfile.ZipInfo, inflation: Inflation) -> IO[bytes]:
     if info.flag_bits & 0x1:
-        raise _Refused("encrypted zip member (password required)")
+        raise Refused("encrypted zip member (password required)")
     return _Counted(zf.open(info), inflation)  # type: ignore[return-value]
 
 
@@ -222,7 +222,7 @@ class _Meter:
     """A tar archive's uncompressed stream, stopped once it has inflated more than max_ratio times or past what
     archives may cost: a bomb is caught while it inflates, whether a member is read or tarfile skips it."""
 
-    def __init__(self, fh: IO[bytes], head: bytes, ctx: _Reading) -> None:
+    def __init__(self, fh: IO[bytes], head: bytes, ctx: Reading) -> None:
         self._raw, self._limits, self._inflation, self._total = fh, ctx.limits, ctx.inflation, 0
         # read1 for the compressed kinds: a read that meets a truncation raises, losing all it inflated before.
         self._read: Callable[[int], bytes] = fh.read
@@ -237,13 +237,13 @@ class _Meter:
     def read(self, size: int = -1) -> bytes:
         data = self._read(size)
         self._total += len(data)
-        if why := _inflated(self._total, self._raw.tell(), self._limits):
-            raise _ArchiveFull(why)
+        if why := bomb_reason(self._total, self._raw.tell(), self._limits):
+            raise ArchiveFull(why)
         self._inflation.inflate(len(data))
         return data
 
 
-def _tar(archive: _Item, fh: IO[bytes], head: bytes, ctx: _Reading,
+def _tar(archive: Item, fh: IO[bytes], head: bytes, ctx: Reading,
          depth: int) -> Iterator[Document | Skipped]:
     """The members of a tar archive (plain, gzip, bzip2, xz), streamed in archive order. The stream cannot
     go on past an error, so one ends the archive with a refusal; the documents before it stay good. A member's
@@ -252,32 +252,32 @@ def _tar(archive: _Item, fh: IO[bytes], head: bytes, ctx: _Reading,
     meter, n, done = _Meter(fh, head, ctx), 0, 0
     try:
         # Stream mode only reads; the stub asks for the seek and write of a random-access file.
-        tf = tarfile.open(fileobj=meter, mode="r|", bufsize=_CHUNK)  # type: ignore[call-overload]
+        tf = tarfile.open(fileobj=meter, mode="r|", bufsize=CHUNK)  # type: ignore[call-overload]
         while (info := tf.next()) is not None:
             tf.members.clear()  # a streamed TarFile keeps every header it has read
             n += 1
             if why := _full(limits, n, info.offset_data + info.size):
-                raise _ArchiveFull(why)
-            name = _text(info.name)
+                raise ArchiveFull(why)
+            name = clean_text(info.name)
             source = f"{archive.source}!{name}"
             if info.isfile():
-                member = _Item(source, name, info.size, partial(_tar_open, tf, info))
-                yield from _item(member, ctx, depth, explicit=False)
+                member = Item(source, name, info.size, partial(_tar_open, tf, info))
+                yield from read_item(member, ctx, depth, explicit=False)
             elif info.issym() or info.islnk():
                 yield Skipped(source, f"tar {'symlink' if info.issym() else 'hardlink'} ignored")
             elif not info.isdir():
                 yield Skipped(source, "tar device or special file ignored")
             done = n
-    except _ArchiveFull as exc:
+    except ArchiveFull as exc:
         where = f" from member {n:,} on" if n else ""
-        yield _refusal(archive.source, archive.name, f"archive refused{where}: {exc}")
+        yield refusal(archive.source, archive.name, f"archive refused{where}: {exc}")
     except Exception as exc:
         where = f" after {done:,} members" if done else ""
-        yield _refusal(archive.source, archive.name, f"unreadable tar archive{where} ({_why(exc)})")
+        yield refusal(archive.source, archive.name, f"unreadable tar archive{where} ({why_unreadable(exc)})")
 
 
 def _tar_open(tf: tarfile.TarFile, info: tarfile.TarInfo) -> IO[bytes]:
     fh = tf.extractfile(info)
     if fh is None:
-        raise _Refused("not a regular file")
+        raise Refused("not a regular file")
     return fh

@@ -26,7 +26,7 @@ from paperlane.settings import IngestSettings
 
 log = logging.getLogger(__name__)
 
-_CHUNK = 1 << 20
+CHUNK = 1 << 20
 _RATIO_FLOOR = 1 << 20  # small members (a blank page) compress far beyond a bomb's ratio without harm
 _NAME_BYTES = 100
 
@@ -53,7 +53,7 @@ class Skipped:
 
 
 @dataclass
-class _Item:
+class Item:
     """One file, archive member or S3 object, before it is read."""
 
     source: str
@@ -64,11 +64,11 @@ class _Item:
     seekable: bool = False  # a local file: an archive is read in place, not spooled
 
 
-class _Refused(Exception):
+class Refused(Exception):
     """This item is refused; the message is its one line."""
 
 
-class _ArchiveFull(Exception):
+class ArchiveFull(Exception):
     """The archive being streamed holds too much: the rest of it is refused."""
 
 
@@ -91,67 +91,68 @@ class Inflation:
         return min(limits.max_inflated_bytes, max(limits.expansion_floor, int(limits.max_expansion * self.sent)))
 
     def inflate(self, size: int) -> None:
-        """Count ``size`` bytes just read out of an archive; raises _ArchiveFull once past what is allowed."""
+        """Count ``size`` bytes just read out of an archive; raises ArchiveFull once past what is allowed."""
         self.inflated += size
         if self.exceeded is None and self.inflated > (allowed := self.allowed()):
             if allowed >= self._limits.max_inflated_bytes:
-                self.exceeded = f"archives inflate past {_bytes(allowed)} (ingest.max_inflated_bytes)"
+                self.exceeded = f"archives inflate past {size_text(allowed)} (ingest.max_inflated_bytes)"
             else:
-                self.exceeded = (f"archives inflate past {_bytes(allowed)}, {self._limits.max_expansion:g} times the "
-                                 f"{_bytes(self.sent)} sent (ingest.max_expansion, ingest.expansion_floor)")
+                self.exceeded = (f"archives inflate past {size_text(allowed)}, {self._limits.max_expansion:g} "
+                                 f"times the {size_text(self.sent)} sent (ingest.max_expansion, "
+                                 "ingest.expansion_floor)")
         if self.exceeded is not None:
-            raise _ArchiveFull(self.exceeded)
+            raise ArchiveFull(self.exceeded)
 
 
 @dataclass
-class _Reading:
+class Reading:
     """What one call of ``expand`` (or ``expand_upload``) reads under: its limits and its inflation so far."""
 
     limits: IngestSettings
     inflation: Inflation
 
 
-def _check(item: _Item, size: int, limit: int, setting: str, limits: IngestSettings) -> None:
+def check_size(item: Item, size: int, limit: int, setting: str, limits: IngestSettings) -> None:
     """Refuse ``item`` at ``size`` bytes, declared or read so far: past ``limit`` or a zip bomb's ratio."""
     if size > limit:
-        raise _Refused(f"larger than {_bytes(limit)} (ingest.{setting})")
-    if item.compressed is not None and (why := _inflated(size, item.compressed, limits)):
-        raise _Refused(why)
+        raise Refused(f"larger than {size_text(limit)} (ingest.{setting})")
+    if item.compressed is not None and (why := bomb_reason(size, item.compressed, limits)):
+        raise Refused(why)
 
 
-def _copy(item: _Item, head: bytes, stream: IO[bytes], sink: IO[bytes], limit: int, setting: str,
+def copy_checked(item: Item, head: bytes, stream: IO[bytes], sink: IO[bytes], limit: int, setting: str,
           limits: IngestSettings) -> None:
     """``head`` and the rest of ``stream`` into ``sink`` a chunk at a time, checked before each is kept."""
     size, chunk = 0, head
     while chunk:
         size += len(chunk)
-        _check(item, size, limit, setting, limits)
+        check_size(item, size, limit, setting, limits)
         sink.write(chunk)
-        chunk = stream.read(_CHUNK)
+        chunk = stream.read(CHUNK)
 
 
-def _inflated(size: int, compressed: int, limits: IngestSettings) -> str | None:
+def bomb_reason(size: int, compressed: int, limits: IngestSettings) -> str | None:
     """Why ``size`` bytes inflated from ``compressed`` look like a bomb; None when they do not."""
     if size > max(_RATIO_FLOOR, limits.max_ratio * compressed):
         return f"compression ratio over {limits.max_ratio:g} (ingest.max_ratio)"
     return None
 
 
-def _document(item: _Item, fmt: FileType, data: bytes, limits: IngestSettings) -> Document:
+def document_of(item: Item, fmt: FileType, data: bytes, limits: IngestSettings) -> Document:
     ext = filetypes.document_ext(item.name, fmt)
     if not data:
-        return _refusal(item.source, item.name, "empty file", ext)
+        return refusal(item.source, item.name, "empty file", ext)
     try:
         pages = (_pdf_pages(data) if fmt is FileType.PDF
                  else _tiff_pages(data, limits.max_pages) if fmt is FileType.TIFF else 1)
-    except _Refused as exc:
-        return _refusal(item.source, item.name, str(exc), ext)
+    except Refused as exc:
+        return refusal(item.source, item.name, str(exc), ext)
     except Exception as exc:  # PDF and TIFF parsers raise a zoo of errors on hostile files
         log.debug("cannot count the pages of %s", item.source, exc_info=exc)
-        return _refusal(item.source, item.name, f"unreadable {fmt.value.upper()}", ext)
+        return refusal(item.source, item.name, f"unreadable {fmt.value.upper()}", ext)
     if pages > limits.max_pages:
-        return _refusal(item.source, item.name, f"more than {limits.max_pages:,} pages (ingest.max_pages)", ext)
-    return Document(item.source, _safe_name(item.name), ext, data, pages)
+        return refusal(item.source, item.name, f"more than {limits.max_pages:,} pages (ingest.max_pages)", ext)
+    return Document(item.source, safe_name(item.name), ext, data, pages)
 
 
 def _pdf_pages(data: bytes) -> int:
@@ -159,10 +160,10 @@ def _pdf_pages(data: bytes) -> int:
         try:
             pdf = pdfium.open_document(data, stage="upload")
         except InputError as exc:
-            raise _Refused(str(exc)) from exc
+            raise Refused(str(exc)) from exc
         try:
             if not (pages := len(pdf)):
-                raise _Refused("PDF has no pages")
+                raise Refused("PDF has no pages")
             return pages
         finally:
             pdf.close()
@@ -185,36 +186,36 @@ def _tiff_pages(data: bytes, cap: int) -> int:
         return pages
 
 
-def _head(stream: IO[bytes]) -> bytes:
+def read_head(stream: IO[bytes]) -> bytes:
     head = b""
     while len(head) < filetypes.HEAD and (chunk := stream.read(filetypes.HEAD - len(head))):
         head += chunk
     return head
 
 
-def _text(name: str) -> str:
+def clean_text(name: str) -> str:
     """A name from outside as text a database and a terminal take: bytes that are not UTF-8 (surrogate escapes of a
     tar or file name) and NUL become U+FFFD."""
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace").replace("\x00", "\ufffd")
 
 
-def _hidden(name: str) -> bool:
+def is_hidden(name: str) -> bool:
     return any(part.startswith(".") and part not in (".", "..") or part == "__MACOSX" for part in name.split("/"))
 
 
-def _safe_name(name: str) -> str:
+def safe_name(name: str) -> str:
     """The output stem: no '/', NUL or control character, no leading '.', at most 100 UTF-8 bytes, never empty."""
-    stem = _text(filetypes.split_name(name)[0])
+    stem = clean_text(filetypes.split_name(name)[0])
     stem = re.sub(r"[\x00-\x1f\x7f]", "_", stem).lstrip(".")
     return stem.encode()[:_NAME_BYTES].decode("utf-8", "ignore") or "document"
 
 
-def _refusal(source: str, name: str, why: str, ext: str | None = None) -> Document:
-    return Document(source, _safe_name(name), filetypes.split_name(name)[1] if ext is None else ext, b"", 1,
+def refusal(source: str, name: str, why: str, ext: str | None = None) -> Document:
+    return Document(source, safe_name(name), filetypes.split_name(name)[1] if ext is None else ext, b"", 1,
                     InputError(why, stage="upload"))
 
 
-def _why(exc: Exception) -> str:
+def why_unreadable(exc: Exception) -> str:
     """A short reason for an error reading an input; an unexpected one goes to the log with its traceback."""
     text = str(exc).lower()
     if isinstance(exc, EOFError) or "end of data" in text or "truncated" in text:
@@ -233,5 +234,5 @@ def _why(exc: Exception) -> str:
     return "internal error, see the log"
 
 
-def _bytes(n: int) -> str:
+def size_text(n: int) -> str:
     return f"{n / 2**20:,.0f} MiB" if n >= 2**20 else f"{n:,} bytes"

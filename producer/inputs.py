@@ -23,18 +23,17 @@ from pathlib import Path
 from typing import IO, Any
 
 from paperlane.errors import PaperlaneError, StorageUnavailable, UsageError
-from paperlane.producer.archives import _guarded, _item
+from paperlane.producer.archives import guarded, read_item
 from paperlane.producer.input_items import (
     Document,
     Inflation,
+    Item,
+    Reading,
+    Refused,
     Skipped,
-    _hidden,
-    _Item,
-    _Reading,
-    _refusal,
-    _Refused,
-    _safe_name,
-    _text,
+    clean_text,
+    is_hidden,
+    refusal,
 )
 from paperlane.settings import IngestSettings
 
@@ -61,7 +60,7 @@ def expand(paths: Iterable[str | Path], limits: IngestSettings, *, s3: Any = Non
     Anything wrong with one input is that input's refused ``Document``, never an exception. ``inflation``: what
     archives have cost so far (one is made for this call otherwise).
     """
-    ctx = _Reading(limits, inflation or Inflation(limits))
+    ctx = Reading(limits, inflation or Inflation(limits))
     for raw in paths:
         text = str(raw)
         if text.startswith("s3://"):
@@ -71,24 +70,19 @@ def expand(paths: Iterable[str | Path], limits: IngestSettings, *, s3: Any = Non
         elif os.path.exists(text):
             yield from _file(Path(text), ctx, explicit=True)
         else:
-            raise UsageError(f"no such file or folder: {_text(text)}")
+            raise UsageError(f"no such file or folder: {clean_text(text)}")
 
 
 def expand_upload(source: str, name: str, fh: IO[bytes], size: int, limits: IngestSettings, *,
                   inflation: Inflation | None = None) -> Iterator[Document | Skipped]:
     """An uploaded file (the HTTP API, which checks its type by ``filetypes.sniff`` first): a document, or an archive's
     documents. ``fh`` is seekable (a spooled temporary file); it is closed when read."""
-    item = _Item(source, _text(name), size, lambda: fh, seekable=True)
-    yield from _guarded(item, "upload", _item(item, _Reading(limits, inflation or Inflation(limits)), 0,
+    item = Item(source, clean_text(name), size, lambda: fh, seekable=True)
+    yield from guarded(item, "upload", read_item(item, Reading(limits, inflation or Inflation(limits)), 0,
                                                    explicit=True))
 
 
-def safe_name(name: str) -> str:
-    """A file name from outside (an upload's) as a document's output stem: no path, no control character."""
-    return _safe_name(name)
-
-
-def _walk(root: str, ctx: _Reading) -> Iterator[Document | Skipped]:
+def _walk(root: str, ctx: Reading) -> Iterator[Document | Skipped]:
     """Every file under ``root``, depth first in name order; one listing per level is held, never the tree."""
     seen: set[tuple[int, int]] = set()
     stack = [_listing(root, seen)]
@@ -98,8 +92,8 @@ def _walk(root: str, ctx: _Reading) -> Iterator[Document | Skipped]:
             stack.pop()
         elif isinstance(entry, Skipped):
             yield entry
-        elif _hidden(entry.name):
-            yield Skipped(_text(entry.path), "hidden folder" if _is_dir(entry) else "hidden file")
+        elif is_hidden(entry.name):
+            yield Skipped(clean_text(entry.path), "hidden folder" if _is_dir(entry) else "hidden file")
         elif _is_dir(entry):
             stack.append(_listing(entry.path, seen))
         else:
@@ -111,13 +105,13 @@ def _listing(folder: str, seen: set[tuple[int, int]]) -> Iterator[os.DirEntry[st
     try:
         st = os.stat(folder)
         if (st.st_dev, st.st_ino) in seen:
-            yield Skipped(_text(folder), "folder already walked (symbolic link)")
+            yield Skipped(clean_text(folder), "folder already walked (symbolic link)")
             return
         seen.add((st.st_dev, st.st_ino))
         with os.scandir(folder) as it:
             entries = sorted(it, key=lambda e: e.name)
     except OSError as exc:
-        yield Skipped(_text(folder), f"cannot list folder ({exc.strerror})")
+        yield Skipped(clean_text(folder), f"cannot list folder ({exc.strerror})")
         return
     yield from entries
 
@@ -129,19 +123,19 @@ def _is_dir(entry: os.DirEntry[str]) -> bool:
         return False  # _file says why it cannot be read
 
 
-def _file(path: Path, ctx: _Reading, *, explicit: bool) -> Iterator[Document | Skipped]:
+def _file(path: Path, ctx: Reading, *, explicit: bool) -> Iterator[Document | Skipped]:
     # stat before open: opening a FIFO blocks until a writer comes, maybe forever.
-    source, name = _text(str(path)), _text(path.name)
+    source, name = clean_text(str(path)), clean_text(path.name)
     try:
         st = os.stat(path)
     except OSError as exc:
-        yield _refusal(source, name, f"cannot read ({exc.strerror})")
+        yield refusal(source, name, f"cannot read ({exc.strerror})")
         return
     if not stat.S_ISREG(st.st_mode):
-        yield _refusal(source, name, "not a regular file")
+        yield refusal(source, name, "not a regular file")
         return
-    item = _Item(source, name, st.st_size, partial(_open_regular, path), seekable=True)
-    yield from _guarded(item, "file", _item(item, ctx, 0, explicit=explicit))
+    item = Item(source, name, st.st_size, partial(_open_regular, path), seekable=True)
+    yield from guarded(item, "file", read_item(item, ctx, 0, explicit=explicit))
 
 
 def _open_regular(path: Path) -> IO[bytes]:
@@ -149,11 +143,11 @@ def _open_regular(path: Path) -> IO[bytes]:
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise _Refused("not a regular file")
+        raise Refused("not a regular file")
     return os.fdopen(fd, "rb")
 
 
-def _s3_objects(url: str, ctx: _Reading, client: Any) -> Iterator[Document | Skipped]:
+def _s3_objects(url: str, ctx: Reading, client: Any) -> Iterator[Document | Skipped]:
     """The objects under ``s3://bucket/prefix``, listed a page at a time, each read on its own. The prefix is one
     object's key or a folder's: "scans" holds "scans/a.jpg", not "scans2/b.jpg"."""
     from botocore.exceptions import BotoCoreError, ClientError
@@ -170,9 +164,9 @@ def _s3_objects(url: str, ctx: _Reading, client: Any) -> Iterator[Document | Ski
                 if key.endswith("/") or (prefix and not prefix.endswith("/") and under[:1] not in ("", "/")):
                     continue  # a folder marker, or "scans2/..." under the prefix "scans"
                 found = True
-                item = _Item(f"s3://{bucket}/{key}", under.lstrip("/") or key, obj["Size"],
+                item = Item(f"s3://{bucket}/{key}", under.lstrip("/") or key, obj["Size"],
                              partial(_s3_open, client, bucket, key))
-                yield from _guarded(item, "S3 object", _item(item, ctx, 0, explicit=key == prefix))
+                yield from guarded(item, "S3 object", read_item(item, ctx, 0, explicit=key == prefix))
     except (BotoCoreError, ClientError) as exc:
         raise _listing_error(url, exc) from exc
     if not found:
@@ -185,7 +179,7 @@ def _s3_open(client: Any, bucket: str, key: str) -> IO[bytes]:
     try:
         body: IO[bytes] = client.get_object(Bucket=bucket, Key=key)["Body"]
     except ClientError as exc:
-        raise _Refused(f"cannot read from S3 ({exc.response.get('Error', {}).get('Code', 'error')})") from exc
+        raise Refused(f"cannot read from S3 ({exc.response.get('Error', {}).get('Code', 'error')})") from exc
     return body
 
 

@@ -17,7 +17,7 @@ from paperlane.schemas import Stage
 _STAGE = Stage.PREPROCESS.value
 
 
-def _reduction(scale: float, spec: InputSpec) -> int:
+def reduction_for_scale(scale: float, spec: InputSpec) -> int:
     """The largest JPEG decode reduction that still gives ``spec.min_decode_ratio`` of a ``scale`` resize."""
     for k in (8, 4, 2):
         if 1 / k >= scale * spec.min_decode_ratio:
@@ -48,7 +48,7 @@ def target_size(width: int, height: int, spec: InputSpec) -> tuple[int, int]:
     return w, h
 
 
-def _fit(img: np.ndarray, spec: InputSpec) -> tuple[np.ndarray, tuple[int, int]]:
+def fit_to_engine(img: np.ndarray, spec: InputSpec) -> tuple[np.ndarray, tuple[int, int]]:
     """The page at the engine's scale, and the pixels (right, bottom) that round its sides up to multiple_of."""
     oh, ow = img.shape[:2]
     pad = _padding(ow, oh, spec)
@@ -57,10 +57,10 @@ def _fit(img: np.ndarray, spec: InputSpec) -> tuple[np.ndarray, tuple[int, int]]
     w, h = target_size(ow, oh, spec)
     if (w, h) == (ow, oh):
         return img, (0, 0)
-    return _resized(img, w, h), (0, 0)
+    return resized(img, w, h), (0, 0)
 
 
-def _resized(img: np.ndarray, w: int, h: int) -> np.ndarray:
+def resized(img: np.ndarray, w: int, h: int) -> np.ndarray:
     """``img`` resized to w x h."""
     ow = img.shape[1]
     # What DCT reduction left is a mild factor, down or (a PDF page drawn at its render size) up:
@@ -98,7 +98,7 @@ def grey_preview(img: np.ndarray, side: int) -> np.ndarray:
     return cv2.cvtColor(img, cv2.COLOR_BGR2GRAY) if img.ndim == 3 else img
 
 
-def _engine_input(img: np.ndarray, pad: tuple[int, int], spec: InputSpec, width: int, height: int) -> PreparedImage:
+def engine_input(img: np.ndarray, pad: tuple[int, int], spec: InputSpec, width: int, height: int) -> PreparedImage:
     """``img`` padded and encoded as ``spec`` asks, mapped onto a ``width`` x ``height`` page."""
     ch, cw = img.shape[:2]
     if any(pad):

@@ -21,7 +21,7 @@ class Limits:
     max_bytes: int = 200 * 1024 * 1024
 
 
-def _check_file_size(data: bytes, limits: Limits) -> None:
+def check_file_size(data: bytes, limits: Limits) -> None:
     """Refuse an empty file, or one larger than ``limits.max_bytes``."""
     if not data:
         raise InputError("empty file (0 bytes)", stage=_STAGE)
@@ -30,7 +30,7 @@ def _check_file_size(data: bytes, limits: Limits) -> None:
                          stage=_STAGE)
 
 
-def _check_pixels(w: int, h: int, limits: Limits, *, what: str) -> None:
+def check_pixels(w: int, h: int, limits: Limits, *, what: str) -> None:
     if w < 1 or h < 1:
         raise InputError(f"{what} has no pixels ({w}x{h})", stage=_STAGE)
     if w * h > limits.max_pixels:

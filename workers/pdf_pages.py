@@ -35,7 +35,7 @@ from paperlane.models.engine import InputSpec
 from paperlane.schemas import Stage
 from paperlane.storage.reader import ObjectReader
 from paperlane.workers import pdfscan
-from paperlane.workers.fit import _reduction, _resized, target_size
+from paperlane.workers.fit import reduction_for_scale, resized, target_size
 from paperlane.workers.input_limits import Limits
 from paperlane.workers.raster import decode, read_header
 
@@ -182,7 +182,7 @@ def _stored_jpeg(image: pdfscan.LoneImage, spec: InputSpec, limits: Limits) -> n
         if (header.format != "JPEG" or header.mode != ("L" if image.components == 1 else "RGB")
                 or (header.width, header.height) != (image.width, image.height)):
             return None
-        reduce = _reduction(image.placement.scale(image.width, image.height), spec)
+        reduce = reduction_for_scale(image.placement.scale(image.width, image.height), spec)
         return decode(image.raw, header, grayscale=spec.grayscale or header.grey, reduce=reduce, exif=False)
     except InputError:
         return None
@@ -198,13 +198,13 @@ def _placed(img: np.ndarray, placement: pdfscan.Placement, size: tuple[int, int]
     tw, th = size
     x0, y0, x1, y1 = (round(v) for v in placement.rect)
     if (x0, y0, x1, y1) == (0, 0, tw, th):  # the usual scan: the image is the page
-        return _resized(img, tw, th)
+        return resized(img, tw, th)
     if (x1 - x0) * (y1 - y0) > 4 * tw * th:
         return None
     page = np.full((th, tw, *img.shape[2:]), 255, np.uint8)
     left, top, right, bottom = max(0, x0), max(0, y0), min(tw, x1), min(th, y1)
     if right > left and bottom > top:
-        scaled = _resized(img, x1 - x0, y1 - y0)
+        scaled = resized(img, x1 - x0, y1 - y0)
         page[top:bottom, left:right] = scaled[top - y0:bottom - y0, left - x0:right - x0]
     return page
 

@@ -26,15 +26,15 @@ from paperlane import filetypes
 from paperlane.errors import InputError, OutOfMemory
 from paperlane.models.engine import InputSpec, PreparedImage
 from paperlane.schemas import Stage
-from paperlane.workers.fit import _engine_input, _fit, grey_preview
-from paperlane.workers.input_limits import Limits, _check_file_size
+from paperlane.workers.fit import engine_input, fit_to_engine, grey_preview
+from paperlane.workers.input_limits import Limits, check_file_size
 from paperlane.workers.pdf_pages import PdfFile, pdf_page_pixels, render_pdf_page
 from paperlane.workers.raster import (
-    _original_size,
     dct_reduction,
     decode,
     decode_tiff_frame,
     opencv_reason,
+    original_size,
     read_header,
 )
 
@@ -64,7 +64,7 @@ def prepare_page(data: bytes, spec: InputSpec, limits: Limits = Limits(), *, pag
     Raises InputError for pages that cannot be read or prepared (a page the original does not have
     among them), and OutOfMemory (retryable) when memory runs out.
     """
-    _check_file_size(data, limits)
+    check_file_size(data, limits)
     if filetypes.is_pdf(data):
         return _prepared(lambda: render_pdf_page(data, page, spec, limits), spec, page=page,
                          preview_side=preview_side, at_engine_size=True)
@@ -87,9 +87,9 @@ def _prepared(pixels: Callable[[], tuple[np.ndarray, int, int]], spec: InputSpec
         raise InputError(f"no page {page} (pages are numbered from 1)", stage=_STAGE)
     try:
         img, width, height = pixels()
-        img, pad = (img, (0, 0)) if at_engine_size else _fit(img, spec)
+        img, pad = (img, (0, 0)) if at_engine_size else fit_to_engine(img, spec)
         preview = grey_preview(img, preview_side) if preview_side else None
-        image = _engine_input(img, pad, spec, width, height)
+        image = engine_input(img, pad, spec, width, height)
     except cv2.error as exc:
         raise InputError(f"cannot prepare this image (OpenCV: {opencv_reason(exc)})", stage=_STAGE) from exc
     except MemoryError:
@@ -106,5 +106,5 @@ def _decoded(data: bytes, page: int, spec: InputSpec, limits: Limits) -> tuple[n
     header = read_header(data, limits)
     reduce = dct_reduction(header, spec)
     img = decode(data, header, grayscale=spec.grayscale or header.grey, reduce=reduce)
-    width, height = _original_size(img.shape[1], img.shape[0], header, reduce)
+    width, height = original_size(img.shape[1], img.shape[0], header, reduce)
     return img, width, height

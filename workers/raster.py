@@ -22,8 +22,8 @@ from paperlane import filetypes
 from paperlane.errors import InputError
 from paperlane.models.engine import InputSpec
 from paperlane.schemas import Stage
-from paperlane.workers.fit import _reduction, target_size
-from paperlane.workers.input_limits import Limits, _check_file_size, _check_pixels
+from paperlane.workers.fit import reduction_for_scale, target_size
+from paperlane.workers.input_limits import Limits, check_file_size, check_pixels
 
 _STAGE = Stage.PREPROCESS.value
 
@@ -47,7 +47,7 @@ class Header:
 
 def read_header(data: bytes, limits: Limits) -> Header:
     """Identify the image and the size of its first frame from its header alone; refuse what cannot be a page."""
-    _check_file_size(data, limits)
+    check_file_size(data, limits)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -63,7 +63,7 @@ def read_header(data: bytes, limits: Limits) -> Header:
         raise InputError("not a readable image (unknown or corrupt format)", stage=_STAGE) from None
     if fmt not in _FORMATS:
         raise InputError(f"unsupported image format {fmt}", stage=_STAGE)
-    _check_pixels(w, h, limits, what="image")
+    check_pixels(w, h, limits, what="image")
     if fmt == "JPEG" and not _jpeg_complete(data):
         raise InputError("truncated JPEG (the file ends before the image does)", stage=_STAGE)
     return Header(format=fmt, width=w, height=h, has_alpha=has_alpha,
@@ -167,7 +167,7 @@ def dct_reduction(header: Header, spec: InputSpec) -> int:
     if header.format != "JPEG" or header.has_alpha:
         return 1
     tw, _ = target_size(header.width, header.height, spec)
-    return _reduction(tw / header.width, spec)
+    return reduction_for_scale(tw / header.width, spec)
 
 
 # What Pillow's TIFF reader raises for a corrupt file: it has no error of its own, and a fuzzed
@@ -196,7 +196,7 @@ def decode_tiff_frame(data: bytes, page: int, limits: Limits, *,
                 count = TiffImagePlugin.TiffImageFile(io.BytesIO(data)).n_frames
                 raise InputError(f"no page {page} in this TIFF ({count} page{'s' * (count != 1)})",
                                  stage=_STAGE) from None
-            _check_pixels(*im.size, limits, what=f"TIFF page {page}")
+            check_pixels(*im.size, limits, what=f"TIFF page {page}")
             frame, orientation = _eight_bit(im), filetypes.exif_orientation(im)
     except _PILLOW_ERRORS:
         raise InputError(f"corrupt TIFF page {page} (cannot be decoded)", stage=_STAGE) from None
@@ -240,7 +240,7 @@ def opencv_reason(exc: cv2.error) -> str:
     return " ".join(str(text).split())[:120]
 
 
-def _original_size(decoded_w: int, decoded_h: int, header: Header, reduce: int) -> tuple[int, int]:
+def original_size(decoded_w: int, decoded_h: int, header: Header, reduce: int) -> tuple[int, int]:
     """The page's size in original pixels, upright (EXIF rotation applied, DCT reduction undone)."""
     if reduce == 1:
         return decoded_w, decoded_h

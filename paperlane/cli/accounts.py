@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from paperlane.cli.root import _settings, app, err, out
+from paperlane.cli.root import app, command_settings, err, out
 from paperlane.errors import UsageError
 from paperlane.settings import Settings
 from paperlane.status import JobStatus
@@ -42,7 +42,7 @@ def tenants_set(
     from paperlane.storage import tenants
     from paperlane.storage.db import Database
 
-    settings = _settings()
+    settings = command_settings()
     changes: dict[str, Any] = {**_budget(monthly_pages, "monthly_pages"), **_budget(in_flight, "max_pages_in_flight")}
     if weight is not None:
         changes["weight"] = weight
@@ -76,7 +76,7 @@ def tenants_list(tenant: Annotated[str | None, typer.Argument(help="one tenant's
     from paperlane.storage import tenants
     from paperlane.storage.db import Database
 
-    settings = _settings()
+    settings = command_settings()
     _print_tenants(tenants.limits(Database(settings.database_url), tenant), settings)
 
 
@@ -103,7 +103,7 @@ def usage(
     from paperlane.storage import usage as metered
     from paperlane.storage.db import Database, utcnow
 
-    db = Database(_settings().database_url)
+    db = Database(command_settings().database_url)
     try:
         start = date.fromisoformat(since) if since else metered.month_start(utcnow())
     except ValueError:

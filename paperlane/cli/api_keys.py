@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from paperlane.cli.root import _settings, _shown, app, err, out
+from paperlane.cli.root import app, command_settings, err, out, printable
 from paperlane.errors import UsageError
 
 keys_app = typer.Typer(help="API keys of tenants (the HTTP API).", no_args_is_help=True)
@@ -23,16 +23,16 @@ def keys_create(
     from paperlane.storage import tenants
     from paperlane.storage.db import Database
 
-    settings = _settings()
+    settings = command_settings()
     db = Database(settings.database_url)
     db.upgrade()
     made = tenants.create_key(db, tenant=tenant, interactive=interactive)
     if made.tenant_created:
-        err.print(f"tenant {_shown(tenant)} created ({made.tenant_id}); its webhook signing secret: "
+        err.print(f"tenant {printable(tenant)} created ({made.tenant_id}); its webhook signing secret: "
                   f"{made.webhook_secret}",
                   highlight=False, soft_wrap=True)
     lanes = "interactive and batch lanes" if interactive else "batch lane only"
-    err.print(f"key {made.key[:10]}... for {_shown(tenant)} ({lanes}); store it now, it is not shown again:",
+    err.print(f"key {made.key[:10]}... for {printable(tenant)} ({lanes}); store it now, it is not shown again:",
               highlight=False)
     print(made.key)
 
@@ -43,10 +43,10 @@ def keys_list(tenant: Annotated[str | None, typer.Option("--tenant")] = None) ->
     from paperlane.storage import tenants
     from paperlane.storage.db import Database
 
-    db = Database(_settings().database_url)
+    db = Database(command_settings().database_url)
     table = Table("key", "tenant", "lanes", "created", "revoked")
     for key, name in tenants.list_keys(db, tenant):
-        table.add_row(f"{key.prefix}...", _shown(name), "interactive, batch" if key.interactive else "batch",
+        table.add_row(f"{key.prefix}...", printable(name), "interactive, batch" if key.interactive else "batch",
                       key.created_at.strftime("%Y-%m-%d %H:%M"),
                       key.revoked_at.strftime("%Y-%m-%d %H:%M") if key.revoked_at else "")
     out.print(table)
@@ -58,7 +58,7 @@ def keys_revoke(prefix: Annotated[str, typer.Argument(help="the key, or its firs
     from paperlane.storage import tenants
     from paperlane.storage.db import Database
 
-    n = tenants.revoke_key(Database(_settings().database_url), prefix)
+    n = tenants.revoke_key(Database(command_settings().database_url), prefix)
     err.print(f"{n} key{'s' if n != 1 else ''} revoked", highlight=False)
     raise typer.Exit(0 if n else 1)
 
@@ -70,10 +70,10 @@ def keys_rotate_secret(tenant: Annotated[str, typer.Option("--tenant", help="the
     from paperlane.storage import tenants
     from paperlane.storage.db import Database
 
-    db = Database(_settings().database_url)
+    db = Database(command_settings().database_url)
     db.upgrade()
     secret = tenants.rotate_webhook_secret(db, tenant)
-    err.print(f"tenant {_shown(tenant)}: new webhook signing secret (not shown again):", highlight=False)
+    err.print(f"tenant {printable(tenant)}: new webhook signing secret (not shown again):", highlight=False)
     print(secret)
 
 
@@ -87,14 +87,14 @@ def keys_grant(tenant: Annotated[str, typer.Option("--tenant", help="the tenant'
     from paperlane.storage import tenants
     from paperlane.storage.db import Database
 
-    settings = _settings()
+    settings = command_settings()
     bucket, prefix = _s3_prefix(source)
     if bucket == settings.storage.bucket:
         raise UsageError(f"s3://{bucket} is paperlane's own bucket (storage.bucket): it is never ingestible")
     db = Database(settings.database_url)
     db.upgrade()
     stored = tenants.grant_ingest(db, tenant, bucket, prefix)
-    err.print(f"tenant {_shown(tenant)} may ingest s3://{_shown(bucket)}/{_shown(stored)}", highlight=False)
+    err.print(f"tenant {printable(tenant)} may ingest s3://{printable(bucket)}/{printable(stored)}", highlight=False)
 
 
 @keys_app.command("ungrant")
@@ -104,7 +104,7 @@ def keys_ungrant(tenant: Annotated[str, typer.Option("--tenant", help="the tenan
     from paperlane.storage.db import Database
 
     bucket, prefix = _s3_prefix(source)
-    n = tenants.revoke_grant(Database(_settings().database_url), tenant, bucket, prefix)
+    n = tenants.revoke_grant(Database(command_settings().database_url), tenant, bucket, prefix)
     err.print(f"{n} grant{'s' if n != 1 else ''} withdrawn", highlight=False)
     raise typer.Exit(0 if n else 1)
 
@@ -116,8 +116,8 @@ def keys_grants(tenant: Annotated[str | None, typer.Option("--tenant")] = None) 
     from paperlane.storage.db import Database
 
     table = Table("tenant", "may ingest")
-    for name, bucket, prefix in tenants.list_grants(Database(_settings().database_url), tenant):
-        table.add_row(_shown(name), _shown(f"s3://{bucket}/{prefix}"))
+    for name, bucket, prefix in tenants.list_grants(Database(command_settings().database_url), tenant):
+        table.add_row(printable(name), printable(f"s3://{bucket}/{prefix}"))
     out.print(table)
 
 

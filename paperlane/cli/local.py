@@ -18,13 +18,13 @@ from paperlane.cli.root import (
     ModelOpt,
     ProfileOpt,
     TaskOpt,
-    _print_time_table,
-    _settings,
-    _shown,
-    _spec,
-    _with_formats,
     app,
+    command_settings,
     out,
+    print_time_table,
+    printable,
+    task_spec,
+    with_formats,
 )
 from paperlane.errors import UsageError
 from paperlane.priority.lanes import Lane
@@ -53,8 +53,8 @@ def run(
     from paperlane.workers.embedded import run_embedded
     from paperlane.workers.pipeline import Runtime
 
-    settings = _with_formats(_settings(engine, engine_url, model, profile), formats)
-    spec = _spec(task, field, to)
+    settings = with_formats(command_settings(engine, engine_url, model, profile), formats)
+    spec = task_spec(task, field, to)
     check_paths(paths)  # usage errors before the engine loads
     _check_out_dir(out_dir)
     rt = Runtime.start(settings)
@@ -68,7 +68,7 @@ def run(
     skipped = f", {summary.skipped} files skipped" if summary.skipped else ""
     out.print(f"\n{summary.documents} documents, {summary.pages} pages: {ok} succeeded, {summary.failed} failed"
               f"{skipped} in {summary.seconds:.1f}s -> {out_dir}")
-    _print_time_table(summary.timings)
+    print_time_table(summary.timings)
     raise typer.Exit(1 if summary.failed else 0)
 
 
@@ -93,14 +93,14 @@ def _sources(paths: list[Path]) -> list[str]:
 
 
 def _print_skipped(item: Skipped) -> None:
-    out.print(f"[yellow]skipped[/] {_shown(item.source)}  {_shown(item.reason)}", highlight=False)
+    out.print(f"[yellow]skipped[/] {printable(item.source)}  {printable(item.reason)}", highlight=False)
 
 
 def _print_page(name: str, result: PageResult) -> None:
     total = sum(v for k, v in result.timings.items() if k not in ("upload", "queue_wait"))
     if result.status is JobStatus.SUCCEEDED:
         flag = " (truncated)" if result.truncated else ""
-        out.print(f"[green]ok[/]     {_shown(name)}  {len(result.lines)} lines, {len(result.text)} chars, "
+        out.print(f"[green]ok[/]     {printable(name)}  {len(result.lines)} lines, {len(result.text)} chars, "
                   f"{total:.2f}s{flag}", highlight=False)
     else:
-        out.print(f"[red]failed[/] {_shown(name)}  {_shown(result.error)}", highlight=False)
+        out.print(f"[red]failed[/] {printable(name)}  {printable(result.error)}", highlight=False)

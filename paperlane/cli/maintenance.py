@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from paperlane.cli.root import _settings, _shown, app, db_app, err, out
+from paperlane.cli.root import app, command_settings, db_app, err, out, printable
 
 
 @db_app.command("upgrade")
@@ -15,7 +15,7 @@ def db_upgrade() -> None:
     """Create or migrate the database schema to the newest version."""
     from paperlane.storage.db import Database
 
-    settings = _settings()
+    settings = command_settings()
     Database(settings.database_url).upgrade()
     err.print(f"database at newest schema: {settings.database_url.split('@')[-1]}")
 
@@ -33,7 +33,7 @@ def dead_letters(
     from paperlane.priority.connection import open_redis
     from paperlane.priority.deadletter import DeadLetters
 
-    client = open_redis(_settings().redis)
+    client = open_redis(command_settings().redis)
     try:
         letters = DeadLetters(client)
         found = letters.purge() if purge else letters.recent(limit)
@@ -43,7 +43,7 @@ def dead_letters(
         print(json.dumps([asdict(d) for d in found], indent=1, ensure_ascii=False))
         return
     for d in found:
-        out.print(f"{d.at}  {d.queue or '?'}  [red]{_shown(d.reason)}[/]", highlight=False)
+        out.print(f"{d.at}  {d.queue or '?'}  [red]{printable(d.reason)}[/]", highlight=False)
         message = d.message if len(d.message) <= 300 else d.message[:297] + "..."
-        out.print(f"  {'base64 ' if d.encoding == 'base64' else ''}{_shown(message)}", highlight=False)
+        out.print(f"  {'base64 ' if d.encoding == 'base64' else ''}{printable(message)}", highlight=False)
     err.print(f"{len(found)} dead letters{' purged' if purge else ''}", highlight=False)

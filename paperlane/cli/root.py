@@ -28,12 +28,12 @@ out = Console()
 err = Console(stderr=True)
 
 
-class _State:
+class GlobalOptions:
     config: Path | None = None
     log_level: int = logging.WARNING
 
 
-_state = _State()
+global_options = GlobalOptions()
 
 EngineOpt = Annotated[EngineKind | None, typer.Option("--engine", help="OCR engine (default: settings, rapid)")]
 EngineUrlOpt = Annotated[str | None, typer.Option("--engine-url", help="vllm: http://HOST:PORT/v1")]
@@ -51,22 +51,22 @@ def _main(
     config: Annotated[Path | None, typer.Option("--config", help="a KEY=VALUE file of PAPERLANE_* settings")] = None,
     verbose: Annotated[int, typer.Option("--verbose", "-v", count=True, help="-v: log at INFO, -vv: DEBUG")] = 0,
 ) -> None:
-    _state.config = config
-    _state.log_level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
-    _configure_logging(_state.log_level)
+    global_options.config = config
+    global_options.log_level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
+    configure_logging(global_options.log_level)
 
 
-def _configure_logging(level: int) -> None:
+def configure_logging(level: int) -> None:
     logging.basicConfig(level=level, stream=sys.stderr, force=True,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("botocore", "boto3", "urllib3", "RapidOCR", "alembic", "httpx", "kombu", "celery.redirected"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
 
 
-def _settings(engine: EngineKind | None = None, engine_url: str | None = None, model: str | None = None,
+def command_settings(engine: EngineKind | None = None, engine_url: str | None = None, model: str | None = None,
               profile: str | None = None) -> Settings:
     try:
-        settings = load_settings(_state.config)
+        settings = load_settings(global_options.config)
         overrides = {k: v for k, v in
                      {"kind": engine, "url": engine_url, "model": model, "profile": profile}.items() if v is not None}
         if overrides:
@@ -77,7 +77,7 @@ def _settings(engine: EngineKind | None = None, engine_url: str | None = None, m
         raise UsageError(first_error(exc)) from exc
 
 
-def _with_formats(settings: Settings, formats: str | None) -> Settings:
+def with_formats(settings: Settings, formats: str | None) -> Settings:
     """``settings`` writing documents in ``formats`` (comma-separated) when given."""
     if formats is None:
         return settings
@@ -88,14 +88,14 @@ def _with_formats(settings: Settings, formats: str | None) -> Settings:
     return settings.model_copy(update={"worker": worker})
 
 
-def _spec(task: Task, fields: list[str] | None, to: str) -> TaskSpec:
+def task_spec(task: Task, fields: list[str] | None, to: str) -> TaskSpec:
     try:
         return TaskSpec(task=task, fields=tuple(fields or ()), target_language=to)
     except ValueError as exc:
         raise UsageError(first_error(exc)) from exc
 
 
-def _shown(text: object) -> str:
+def printable(text: object) -> str:
     """Text from outside (a member's or an ingest's name, a reason) as the terminal shows it: no rich markup, no
     control character (an escape sequence would drive the terminal), no bidirectional override."""
     plain = "".join("\ufffd" if unicodedata.category(c) == "Cc" or c in _BIDI else c for c in str(text))
@@ -105,7 +105,7 @@ def _shown(text: object) -> str:
 _BIDI = frozenset("\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 
-def _print_time_table(timings: list[dict[str, float]]) -> None:
+def print_time_table(timings: list[dict[str, float]]) -> None:
     from paperlane.report import stage_report
 
     rows = stage_report(timings)
@@ -123,8 +123,8 @@ def main() -> None:
     try:
         app()
     except UsageError as exc:
-        err.print(f"[red]error:[/] {_shown(exc)}", highlight=False)
+        err.print(f"[red]error:[/] {printable(exc)}", highlight=False)
         sys.exit(2)
     except PaperlaneError as exc:
-        err.print(f"[red]error:[/] {_shown(exc)}", highlight=False)
+        err.print(f"[red]error:[/] {printable(exc)}", highlight=False)
         sys.exit(1)

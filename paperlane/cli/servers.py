@@ -7,7 +7,16 @@ from typing import Annotated
 
 import typer
 
-from paperlane.cli.root import EngineOpt, EngineUrlOpt, ModelOpt, ProfileOpt, _configure_logging, _settings, _state, app
+from paperlane.cli.root import (
+    EngineOpt,
+    EngineUrlOpt,
+    ModelOpt,
+    ProfileOpt,
+    app,
+    command_settings,
+    configure_logging,
+    global_options,
+)
 from paperlane.priority.lanes import Lane
 
 
@@ -20,8 +29,8 @@ def worker(
     """Run a Celery worker that keeps one OCR engine resident and processes queued pages."""
     from paperlane.workers.worker import Worker, celery_argv
 
-    settings = _settings(engine, engine_url, model, profile)
-    _configure_logging(min(_state.log_level, logging.INFO))  # a worker's log is its output
+    settings = command_settings(engine, engine_url, model, profile)
+    configure_logging(min(global_options.log_level, logging.INFO))  # a worker's log is its output
     lanes = [Lane(q.strip()) for q in queues.split(",")] if queues else list(Lane)
     assembled = Worker(settings, lanes=lanes)
     assembled.app.worker_main(celery_argv(assembled, hostname=hostname))
@@ -35,6 +44,6 @@ def api(
     """Serve the HTTP API and its web page (OpenAPI at /docs, metrics at /metrics)."""
     from paperlane.producer.api.app import serve
 
-    settings = _settings()
-    _configure_logging(min(_state.log_level, logging.INFO))
+    settings = command_settings()
+    configure_logging(min(global_options.log_level, logging.INFO))
     serve(settings, host=host or settings.api.host, port=port or settings.api.port)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from paperlane.cli.root import _print_time_table, _settings, _shown, app, err, out
+from paperlane.cli.root import app, command_settings, err, out, print_time_table, printable
 from paperlane.errors import UsageError
 from paperlane.settings import Settings
 from paperlane.status import PageState, RollupState
@@ -34,7 +34,7 @@ def status(
     from paperlane.storage.db import Database
     from paperlane.storage.objects import open_store
 
-    settings = _settings()
+    settings = command_settings()
     db = Database(settings.database_url)
     if ingest or document:
         view = (_ingest_view(settings, db, ingest) if ingest
@@ -80,7 +80,7 @@ def _ingest_view(settings: Settings, db: Any, ingest_id: str) -> dict[str, Any]:
 def _print_progress(v: dict[str, Any]) -> None:
     kind = "ingest" if "ingest_id" in v and "documents" in v else "document"
     state = RollupState(v["status"])
-    out.print(f"[bold]{kind} {v[f'{kind}_id']}[/]  {_shown(v['name'])}  [{_colour(state)}]{state.value}[/]",
+    out.print(f"[bold]{kind} {v[f'{kind}_id']}[/]  {printable(v['name'])}  [{_colour(state)}]{state.value}[/]",
               highlight=False)
     final = v[PageState.SUCCEEDED.value] + v[PageState.FAILED.value]
     extra = f", {v['documents']} documents, {v['skipped']} files skipped" if kind == "ingest" else ""
@@ -92,7 +92,7 @@ def _print_progress(v: dict[str, Any]) -> None:
         hint = f" (paperlane review --ingest {v['ingest_id']})" if kind == "ingest" else ""
         out.print(f"  [yellow]needs review {v['needs_review']}[/]{hint}", highlight=False)
     if v.get("outputs") and v["outputs"]["state"]:
-        failed = f" ({_shown(v['outputs']['error'])})" if v["outputs"]["error"] else ""
+        failed = f" ({printable(v['outputs']['error'])})" if v["outputs"]["error"] else ""
         formats = f": {', '.join(v['outputs']['formats'])}" if v["outputs"].get("formats") else ""
         out.print(f"  outputs {v['outputs']['state']}{formats}{failed}", highlight=False)
     if v.get("pages_per_s"):
@@ -102,7 +102,7 @@ def _print_progress(v: dict[str, Any]) -> None:
         left = f", about {_duration(v['share_eta_s'])} left at that share" if v.get("share_eta_s") else ""
         out.print(f"  {v['share'] * 100:.1f}% of the engine now{left}")
     for f in v["failures"]:
-        out.print(f"  [red]{f['pages']:>6}[/] {_shown(f['reason'])}", highlight=False)
+        out.print(f"  [red]{f['pages']:>6}[/] {printable(f['reason'])}", highlight=False)
 
 
 def _colour(state: RollupState | PageState | None) -> str:
@@ -134,17 +134,17 @@ def _print_job(v: dict[str, Any]) -> None:
     if v["status"] is None:
         out.print("  no such job")
         return
-    out.print(f"  {_shown(v['source'])} page {v['page']}  lane={v['lane']} task={v['task']} attempts={v['attempts']}",
-              highlight=False)
+    out.print(f"  {printable(v['source'])} page {v['page']}  lane={v['lane']} task={v['task']} "
+              f"attempts={v['attempts']}", highlight=False)
     if v["worker"]:
-        out.print(f"  held by {_shown(v['worker'])} (lease until {v['lease_until']})", highlight=False)
+        out.print(f"  held by {printable(v['worker'])} (lease until {v['lease_until']})", highlight=False)
     if v["error"]:
-        out.print(f"  error ({v['error_stage'] or '?'}): {_shown(v['error'])}", highlight=False)
+        out.print(f"  error ({v['error_stage'] or '?'}): {printable(v['error'])}", highlight=False)
     if v["timings"]:
         out.print("  " + "  ".join(f"{k}={s * 1000:.0f}ms" for k, s in v["timings"].items()))
     for key in ("result", "annotated"):
         if v[key]:
-            out.print(f"  {key}: {_shown(v[key])}", highlight=False)
+            out.print(f"  {key}: {printable(v[key])}", highlight=False)
 
 
 @app.command()
@@ -158,7 +158,7 @@ def review(
     from paperlane.storage import status_reads, views
     from paperlane.storage.db import Database
 
-    db = Database(_settings().database_url)
+    db = Database(command_settings().database_url)
     shown = [views.review_view(p) for p in status_reads.review_pages(db, ingest, limit=limit)]
     if as_json:
         print(json.dumps(shown, indent=1))
@@ -166,8 +166,8 @@ def review(
     table = Table("source", "page", "flags", "confidence", "engine")
     for v in shown:
         confidence = f"{v['confidence']:.2f}" if v["confidence"] is not None else ""
-        table.add_row(_shown(v["source"]), str(v["page_no"]), ", ".join(v["flags"]), confidence,
-                      _shown(v["engine"] or ""))
+        table.add_row(printable(v["source"]), str(v["page_no"]), ", ".join(v["flags"]), confidence,
+                      printable(v["engine"] or ""))
     out.print(table)
     err.print(f"{len(shown)} page{'s' * (len(shown) != 1)} need review", highlight=False)
 
@@ -180,7 +180,7 @@ def report(
     from paperlane.storage.db import Database
     from paperlane.storage.jobs import recent_timings
 
-    settings = _settings()
+    settings = command_settings()
     timings = recent_timings(Database(settings.database_url), last=last)
     out.print(f"{len(timings)} finished pages")
-    _print_time_table(timings)
+    print_time_table(timings)

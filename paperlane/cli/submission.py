@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from paperlane.cli.root import FieldOpt, ForceOpt, LaneOpt, LangOpt, TaskOpt, _settings, _spec, app, err
+from paperlane.cli.root import FieldOpt, ForceOpt, LaneOpt, LangOpt, TaskOpt, app, command_settings, err, task_spec
 from paperlane.priority.lanes import Lane
 from paperlane.schemas import Task
 from paperlane.settings import Settings
@@ -38,8 +38,8 @@ def submit(
     from paperlane.storage.db import Database
     from paperlane.storage.objects import open_store
 
-    settings = _settings()
-    spec = _spec(task, field, to)
+    settings = command_settings()
+    spec = task_spec(task, field, to)
     local = [Path(p) for p in paths if not p.startswith("s3://")]
     check_paths(local)
     db = Database(settings.database_url)
