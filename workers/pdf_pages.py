@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import cv2
 import numpy as np
 
-from paperlane import pdfium as pdfium_lock
+from paperlane import pdfium as our_pdfium  # pypdfium2 is imported as pdfium where it is called
 from paperlane.errors import InputError
 from paperlane.models.engine import InputSpec
 from paperlane.schemas import Stage
@@ -47,7 +47,7 @@ _STAGE = Stage.PREPROCESS.value
 
 PDF_DPI = 300  # a PDF page's original pixels: its size in points x PDF_DPI / 72 (see the module docstring)
 # PDFium is not thread-safe, and a worker prepares urgent pages on two threads.
-PDFIUM_LOCK = pdfium_lock.LOCK
+PDFIUM_LOCK = our_pdfium.LOCK
 
 
 @dataclass
@@ -79,7 +79,7 @@ def open_pdf(source: bytes | str | ObjectReader, *,
     far) is looked at anew for each page. Raises InputError for an unreadable or encrypted PDF.
     """
     with PDFIUM_LOCK:
-        pdf = pdfium_lock.open_document(source, stage=_STAGE)
+        pdf = our_pdfium.open_document(source, stage=_STAGE)
     if contents is None:
         if not isinstance(source, bytes):
             raise TypeError("open_pdf: a path or a reader needs its contents")
@@ -120,7 +120,7 @@ def pdf_page_pixels(pdf: PdfFile, page: int, spec: InputSpec, limits: Limits) ->
             finally:
                 pdf_page.close()
         except pdfium.PdfiumError as exc:
-            raise InputError(f"unreadable PDF page {page} ({pdfium_lock.reason(exc)})", stage=_STAGE) from None
+            raise InputError(f"unreadable PDF page {page} ({our_pdfium.reason(exc)})", stage=_STAGE) from None
 
 
 def _render(pdf_page: pypdfium2.PdfPage, page: int, spec: InputSpec, limits: Limits,
