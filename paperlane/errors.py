@@ -24,7 +24,8 @@ at the adapter that calls them (``raise StorageUnavailable(...) from exc``).
 
 ``public_reason`` turns any exception into the one-line reason stored on a job row: our own
 errors keep their message; anything else becomes "internal error" and the traceback goes to
-the log, so internal details never reach a client.
+the log, so internal details never reach a client. ``first_error`` words what a validation found wrong in one
+line, for every edge that validates (the CLI's options, the API's requests, the page messages on the lanes).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The data that crosses package boundaries: tasks, stages, page results.
+"""The data that crosses package boundaries: tasks, stages, fair-share weights, page results.
 
 These are the public shapes: the result JSON that ``paperlane run`` writes and the worker stores
 is a ``PageResult`` dumped with ``model_dump(mode="json")``.
