@@ -35,11 +35,11 @@ import redis
 from common import Producer, Services, small_page, start_services, start_worker, stop, write_config
 from sqlalchemy import func, select
 
-from paperlane.producer.inputs import Document
+from paperlane.producer.input_items import Document
 from paperlane.producer.submit import SubmittedPage, Submitter
 from paperlane.schemas import TaskSpec
 from paperlane.status import JobStatus
-from paperlane.storage import ingests, tenants
+from paperlane.storage import ingests, status_reads, tenants
 from paperlane.storage.tables import JobRow, PageRow
 from tests.sim_engine import SimEngine, start_sim_engine
 
@@ -84,7 +84,7 @@ class Tenants:
                            page_count=1)
 
     def finished(self, ingest_id: str) -> bool:
-        _, progress, _ = ingests.ingest_progress(self.db, ingest_id)
+        _, progress, _ = status_reads.ingest_progress(self.db, ingest_id)
         return progress.done
 
     def last_done(self, ingest_id: str) -> float:

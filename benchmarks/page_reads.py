@@ -37,7 +37,8 @@ from paperlane.settings import StorageBackend, StorageSettings
 from paperlane.storage.objects import original_key
 from paperlane.storage.s3 import S3Store
 from paperlane.workers.doccache import OpenDocuments
-from paperlane.workers.preprocess import Limits, prepare_page
+from paperlane.workers.input_limits import Limits
+from paperlane.workers.preprocess import prepare_page
 from tests import services
 from tests.test_doccache import CountingStore
 from tests.test_ranged_reads import large_pdf

@@ -25,7 +25,8 @@ from common import HUNYUAN_SPEC, a4_scan
 from paperlane.models.engine import InputSpec
 from paperlane.models.rapid import RapidEngine
 from paperlane.settings import WorkerSettings
-from paperlane.workers.preprocess import prepare_page, target_size
+from paperlane.workers.fit import target_size
+from paperlane.workers.preprocess import prepare_page
 
 PREVIEW_SIDE = WorkerSettings().annotated_max_side
 

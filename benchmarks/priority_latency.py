@@ -40,7 +40,7 @@ from sqlalchemy import func, select
 
 from paperlane.priority.broker import make_celery
 from paperlane.priority.lanes import Lane
-from paperlane.producer.inputs import Document
+from paperlane.producer.input_items import Document
 from paperlane.producer.submit import CeleryPublisher, submit_documents
 from paperlane.schemas import TaskSpec
 from paperlane.settings import load_settings

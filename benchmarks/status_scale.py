@@ -24,7 +24,7 @@ from common import start_services, write_config
 from sqlalchemy import text
 
 from paperlane.settings import load_settings
-from paperlane.storage import ingests, views
+from paperlane.storage import status_reads, views
 from paperlane.storage.db import Database
 
 _LOAD = """
@@ -81,16 +81,17 @@ def _lookups(db: Database, rng: random.Random, *, docs: int, pages: int,
 
     def page() -> object:
         n = rng.randrange(pages)
-        found = ingests.get_page(db, f"p{n}", tenant_id=tenant((n // (pages // docs)) % 10))  # its document's ingest
+        # the tenant of its document's ingest
+        found = status_reads.get_page(db, f"p{n}", tenant_id=tenant((n // (pages // docs)) % 10))
         return views.page_view(found.page.id, found.document.id, found.page.page_no, found.job)
 
     def document() -> object:
         d = rng.randrange(docs)
-        return views.document_view(*ingests.document_progress(db, f"d{d}", tenant_id=tenant(d % 10)))
+        return views.document_view(*status_reads.document_progress(db, f"d{d}", tenant_id=tenant(d % 10)))
 
     def ingest() -> object:
         i = rng.randrange(10)
-        return views.ingest_view(*ingests.ingest_progress(db, f"i{i}", tenant_id=tenant(i)))
+        return views.ingest_view(*status_reads.ingest_progress(db, f"i{i}", tenant_id=tenant(i)))
 
     return {"page": page, "document": document, "ingest": ingest}
 

@@ -24,12 +24,14 @@ at the adapter that calls them (``raise StorageUnavailable(...) from exc``).
 
 ``public_reason`` turns any exception into the one-line reason stored on a job row: our own
 errors keep their message; anything else becomes "internal error" and the traceback goes to
-the log, so internal details never reach a client.
+the log, so internal details never reach a client. ``first_error`` words what a validation found wrong in one
+line, for every edge that validates (the CLI's options, the API's requests, the page messages on the lanes).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from typing import ClassVar
 
 
@@ -161,6 +163,24 @@ class WorkerStopping(PaperlaneError):
     not failed, and the attempt does not count."""
 
     default_retryable = True
+
+
+def first_error(exc: Exception, *, what: str = "", unnamed: Collection[str] = ()) -> str:
+    """The first thing a pydantic ``ValidationError`` (or FastAPI's) found wrong, on one line: where (``what``, the
+    thing validated, then ``.field`` and ``[index]`` into it, leaving out the parts in ``unnamed``) and why; any
+    other exception's own text."""
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return str(exc)
+    found = errors()
+    if not found:
+        return "invalid"
+    first = found[0]
+    if first["type"] == "json_invalid":
+        return f"{what + ': ' if what else ''}not JSON ({first['msg'].removeprefix('Invalid JSON: ')})"
+    where = (what + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"]
+                            if p not in unnamed)).lstrip(".")
+    return f"{where}: {first['msg']}" if where else str(first["msg"])
 
 
 INTERNAL_REASON = "internal error (the worker log has the details)"

@@ -43,11 +43,20 @@ class FileType(str, Enum):
         return _FORMAT_EXT[self]
 
 
+class Compression(str, Enum):
+    """How a compressed tar archive is compressed."""
+
+    GZIP = "gzip"
+    BZIP2 = "bzip2"
+    XZ = "xz"
+
+
 TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic and BigTIFF, either byte order
+_COMPRESSION_MAGIC = ((b"\x1f\x8b", Compression.GZIP), (b"BZh", Compression.BZIP2), (b"\xfd7zXZ\x00", Compression.XZ))
 _MAGIC: tuple[tuple[bytes, FileType], ...] = (
     (b"\xff\xd8\xff", FileType.JPEG), (b"\x89PNG\r\n\x1a\n", FileType.PNG),
     *((m, FileType.TIFF) for m in TIFF_MAGIC), (b"PK\x03\x04", FileType.ZIP), (b"PK\x05\x06", FileType.ZIP),
-    (b"GIF8", FileType.GIF), (b"\x1f\x8b", FileType.TAR), (b"BZh", FileType.TAR), (b"\xfd7zXZ\x00", FileType.TAR),
+    (b"GIF8", FileType.GIF), *((m, FileType.TAR) for m, _ in _COMPRESSION_MAGIC),
     (b"\x00\x00\x00\x0cjP  ", FileType.JP2), (b"BM", FileType.BMP),
 )
 _PDF_HEADER = b"%PDF-"
@@ -84,6 +93,11 @@ def is_pdf(data: bytes) -> bool:
 
 def is_tiff(data: bytes) -> bool:
     return data.startswith(TIFF_MAGIC)
+
+
+def compression(head: bytes) -> Compression | None:
+    """How the file whose first bytes are ``head`` is compressed (a compressed tar's), or None."""
+    return next((kind for magic, kind in _COMPRESSION_MAGIC if head.startswith(magic)), None)
 
 
 def split_name(name: str) -> tuple[str, str]:

@@ -1,4 +1,4 @@
-"""The data that crosses package boundaries: tasks, stages, page results.
+"""The data that crosses package boundaries: tasks, stages, fair-share weights, page results.
 
 These are the public shapes: the result JSON that ``paperlane run`` writes and the worker stores
 is a ``PageResult`` dumped with ``model_dump(mode="json")``.
@@ -7,10 +7,11 @@ is a ``PageResult`` dumped with ``model_dump(mode="json")``.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+from paperlane.errors import UsageError
 from paperlane.status import JobStatus
 
 
@@ -44,8 +45,19 @@ class Stage(str, Enum):
 STAGES: tuple[Stage, ...] = tuple(Stage)
 
 
-# A tenant's or an ingest's weight in its lane's fair share (1: an equal share).
+# A tenant's or an ingest's weight in its lane's fair share (1: an equal share): a finite number within these
+# bounds, checked by ``Weight`` in a model and by ``check_weight`` anywhere else.
 MIN_WEIGHT, MAX_WEIGHT = 0.001, 1000.0
+Weight = Annotated[float, Field(ge=MIN_WEIGHT, le=MAX_WEIGHT, allow_inf_nan=False)]
+_WEIGHT: TypeAdapter[float] = TypeAdapter(Weight)
+
+
+def check_weight(value: float | None, *, whose: str = "a") -> float:
+    """``value`` when it is a weight; raises UsageError saying the bounds when it is not (None included)."""
+    try:
+        return _WEIGHT.validate_python(value)
+    except ValidationError:
+        raise UsageError(f"{whose} weight is between {MIN_WEIGHT:g} and {MAX_WEIGHT:g}, got {value}") from None
 
 
 class OutputFormat(str, Enum):

@@ -1,8 +1,11 @@
-"""The one Redis client of a process: every part that reads or writes paperlane's own keys shares its pool.
+"""Redis clients for paperlane's own keys, opened here only (``open_redis``): one per process, handed to its parts.
 
-A worker's lane gate, delayed set, retry clock, engine answers, lease keeper, dead letters and metrics, the API's
-rate limits: each takes this client instead of opening its own. Celery's broker connection (kombu) is Celery's
-own and stays apart.
+The worker (``workers.worker.Worker.open``) and the API (``producer.api.service.Service.open``) each open one
+and hand it to their parts: a worker's lane gate, delayed set, retry clock, engine answers, lease keeper, dead
+letters and metrics, the API's rate limits and fair-share reads; a command of the CLI opens one for itself.
+Celery's broker connection (kombu) keeps pools of its own, and not only for the lane lists: the transport
+(``priority.transport``) writes the fair-share structures and the dead letters through them when it publishes
+and pops. So a worker or an API process holds this client's pool and kombu's.
 """
 
 from __future__ import annotations

@@ -21,9 +21,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from paperlane.errors import first_error
 from paperlane.priority import fair
 from paperlane.priority.lanes import PRIORITY_STEPS, TASK_PROCESS_PAGE
-from paperlane.schemas import MAX_WEIGHT, MIN_WEIGHT
+from paperlane.schemas import Weight
 
 
 class BadMessage(ValueError):
@@ -58,8 +59,8 @@ class _Share(BaseModel):
 
     tenant: str = Field(pattern=_NAME)
     ingest: str = Field(pattern=_NAME)
-    tenant_weight: float = Field(1.0, ge=MIN_WEIGHT, le=MAX_WEIGHT)
-    ingest_weight: float = Field(1.0, ge=MIN_WEIGHT, le=MAX_WEIGHT)
+    tenant_weight: Weight = 1.0
+    ingest_weight: Weight = 1.0
 
 
 class _Headers(_Strict):
@@ -98,7 +99,7 @@ def page_job_id(raw: bytes) -> str:
     try:
         envelope = _Envelope.model_validate_json(raw)
     except ValidationError as exc:
-        raise BadMessage(_first_error("message", exc)) from exc
+        raise BadMessage(first_error(exc, what="message")) from exc
     if envelope.headers.task != TASK_PROCESS_PAGE:
         raise BadMessage(f"unknown task {envelope.headers.task[:100]!r}")
     try:
@@ -108,7 +109,7 @@ def page_job_id(raw: bytes) -> str:
     try:
         args, kwargs, _ = _BODY.validate_json(body)
     except ValidationError as exc:
-        raise BadMessage(_first_error("body [args, kwargs, embed]", exc)) from exc
+        raise BadMessage(first_error(exc, what="body [args, kwargs, embed]")) from exc
     return _job_id(args, kwargs)
 
 
@@ -120,7 +121,7 @@ def page_share(headers: dict[str, Any]) -> fair.Share:
     try:
         share = _Share.model_validate(value)
     except ValidationError as exc:
-        raise BadMessage(_first_error(f"headers.{fair.HEADER}", exc)) from exc
+        raise BadMessage(first_error(exc, what=f"headers.{fair.HEADER}")) from exc
     return fair.Share(share.tenant, share.ingest, share.tenant_weight, share.ingest_weight)
 
 
@@ -134,14 +135,6 @@ def _job_id(args: list[Any], kwargs: dict[str, Any]) -> str:
     if not isinstance(job_id, str) or not 0 < len(job_id) <= 64:
         raise BadMessage(f"arguments: the job id must be a string of 1 to 64 characters, got {_short(job_id)}")
     return job_id
-
-
-def _first_error(what: str, exc: ValidationError) -> str:
-    first = exc.errors()[0]
-    if first["type"] == "json_invalid":
-        return f"{'' if what == 'message' else what + ': '}not JSON ({first['msg'].removeprefix('Invalid JSON: ')})"
-    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
-    return f"{what}{where}: {first['msg']}"
 
 
 def _short(value: object, limit: int = 80) -> str:

@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
-from paperlane.errors import InputError, OverBudget, UsageError, public_reason
+from paperlane.errors import InputError, OverBudget, public_reason
 from paperlane.priority.fair import Share
 from paperlane.priority.lanes import Lane, message_priority
-from paperlane.producer.inputs import Document, Skipped
-from paperlane.schemas import MAX_WEIGHT, MIN_WEIGHT, Stage, TaskSpec
+from paperlane.producer.input_items import Document, Skipped
+from paperlane.schemas import Stage, TaskSpec, check_weight
 from paperlane.settings import IngestSettings
 from paperlane.status import JobStatus, PageState
 from paperlane.storage import ingests, tenants
@@ -153,8 +153,7 @@ class Submitter:
                  limits: IngestSettings | None = None, resume: bool = True, chunk_pages: int = CHUNK_PAGES,
                  owner: ingests.Owner | None = None, uploads: ThreadPoolExecutor | None = None,
                  pages: PageBudget | None = None, weight: float = 1.0) -> None:
-        if not MIN_WEIGHT <= weight <= MAX_WEIGHT:
-            raise UsageError(f"an ingest's weight is between {MIN_WEIGHT:g} and {MAX_WEIGHT:g}, got {weight:g}")
+        check_weight(weight, whose="an ingest's")
         self.db, self.store, self.spec, self.lane, self.force = db, store, spec, lane, force
         self.weight = weight
         self.share = Share()

@@ -1,4 +1,5 @@
-"""Ingests, documents and pages: registration in bulk, the counts that roll up, and status reads.
+"""Ingests, documents and pages: registration in bulk and the counts that roll up (their status reads:
+``storage.status_reads``).
 
 An ingest is registered a chunk of documents at a time, each chunk one transaction: its jobs
 (``INSERT ... ON CONFLICT DO NOTHING``: the same original page asked for the same task is one job,
@@ -31,10 +32,9 @@ from sqlalchemy import Table, case, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from paperlane.errors import DocumentNotFound, IngestNotFound, PageNotFound
-from paperlane.status import JobStatus, OutputsState, Progress
+from paperlane.status import JobStatus, OutputsState
 from paperlane.storage import usage, webhooks
-from paperlane.storage.db import Database, as_utc, get_row, utcnow
+from paperlane.storage.db import Database, as_utc, utcnow
 from paperlane.storage.tables import DocumentRow, IngestFailureRow, IngestRow, JobRow, PageRow, TenantRow
 from paperlane.storage.tables import unpublished as unpublished_jobs
 
@@ -193,12 +193,12 @@ def register(db: Database, ingest_id: str, *, jobs: list[dict[str, Any]], docume
         if dialect == "postgresql":
             query = query.with_for_update(read=True)  # a job finishing now waits, then sees these pages
         for job_id, status, enqueued_at, error, needs_review in s.execute(query):
-            out.job_status[job_id] = JobStatus(status)
-            if status == JobStatus.SUCCEEDED.value and needs_review:
+            state = out.job_status[job_id] = JobStatus(status)
+            if state is JobStatus.SUCCEEDED and needs_review:
                 out.needs_review.add(job_id)
-            if status == JobStatus.FAILED.value:
+            if state is JobStatus.FAILED:
                 out.errors[job_id] = error or "unknown"
-            if status == JobStatus.QUEUED.value and enqueued_at is None:
+            if state is JobStatus.QUEUED and enqueued_at is None:
                 out.unpublished.add(job_id)
         _count_new(s, ingest_id, documents, pages, out, now)
         if reserved:
@@ -323,150 +323,6 @@ def _release(s: Session, job_id: str, final: int) -> None:
     t = _TENANTS.c
     s.execute(update(_TENANTS).where(t.id == per_tenant.c.tenant_id)
               .values(pages_in_flight=t.pages_in_flight - final * per_tenant.c.n))
-
-
-# --- status -----------------------------------------------------------------------------------------
-
-
-def ingest_progress(db: Database, ingest_id: str, *,
-                    tenant_id: str | None = None) -> tuple[IngestRow, Progress, list[tuple[str, int]]]:
-    """The ingest, its progress, and its failures grouped by reason (most frequent first, at most 20).
-
-    Raises IngestNotFound (also for another tenant's ingest, when ``tenant_id`` is given)."""
-    with db.session() as s:
-        query = select(IngestRow, *_live(_PAGES.c.ingest_id == ingest_id)).where(IngestRow.id == ingest_id)
-        found = s.execute(_of_tenant(query, tenant_id)).one_or_none()
-        if found is None:
-            raise IngestNotFound(ingest_id)
-        row, running, unpublished = found
-        f = _FAILURES.c
-        failures = [(r, int(n)) for r, n in s.execute(
-            select(f.reason, f.pages).where(f.ingest_id == ingest_id, f.pages > 0).order_by(f.pages.desc()).limit(20))
-        ] if row.pages_failed else []
-    progress = Progress(row.pages_total, row.pages_succeeded, row.pages_failed, int(running or 0),
-                        int(unpublished or 0))
-    _rate(progress, as_utc(row.first_done_at), as_utc(row.last_done_at))
-    return row, progress, failures
-
-
-def document_progress(db: Database, document_id: str, *,
-                      tenant_id: str | None = None) -> tuple[DocumentRow, Progress, list[tuple[str, int]]]:
-    """The document, its progress, and its failures grouped by reason.
-
-    Raises DocumentNotFound (also for another tenant's document, when ``tenant_id`` is given)."""
-    with db.session() as s:
-        query = select(DocumentRow, *_live(_PAGES.c.document_id == document_id)).where(DocumentRow.id == document_id)
-        if tenant_id is not None:
-            query = _of_tenant(query.join(IngestRow, IngestRow.id == DocumentRow.ingest_id), tenant_id)
-        found = s.execute(query).one_or_none()
-        if found is None:
-            raise DocumentNotFound(document_id)
-        row, running, unpublished = found
-        failures = _failures(s, _PAGES.c.document_id == document_id) if row.pages_failed else []
-    return row, Progress(row.pages_total, row.pages_succeeded, row.pages_failed, int(running or 0),
-                         int(unpublished or 0)), failures
-
-
-def _of_tenant(query: Any, tenant_id: str | None) -> Any:
-    """``query`` (which joins ingests) narrowed to one tenant's rows, when a tenant is given."""
-    return query if tenant_id is None else query.where(IngestRow.tenant_id == tenant_id)
-
-
-def _live(where: Any) -> tuple[Any, Any]:
-    """Running and unpublished pages, as two columns read with the row: found from the few such jobs
-    (partial indexes on jobs), then their pages."""
-    j = _JOBS.c
-    joined = _JOBS.join(_PAGES, _PAGES.c.job_id == j.id)
-    running = select(func.count()).select_from(joined).where(j.status == JobStatus.RUNNING.value, where)
-    unpublished = select(func.count()).select_from(joined).where(unpublished_jobs(_JOBS), where)
-    return running.scalar_subquery(), unpublished.scalar_subquery()
-
-
-def _failures(s: Session, where: Any) -> list[tuple[str, int]]:
-    j = _JOBS.c
-    rows = s.execute(select(j.error, func.count().label("n")).select_from(_JOBS.join(_PAGES, _PAGES.c.job_id == j.id))
-                     .where(j.status == JobStatus.FAILED.value, where).group_by(j.error)
-                     .order_by(func.count().desc()).limit(20)).all()
-    return [(error or "unknown", int(n)) for error, n in rows]
-
-
-def _rate(p: Progress, first: datetime | None, last: datetime | None) -> None:
-    finished = p.succeeded + p.failed
-    if first is None or last is None or finished < 2 or last <= first:
-        return
-    p.pages_per_s = (finished - 1) / (last - first).total_seconds()
-    p.eta_s = (p.total - finished) / p.pages_per_s if p.pages_per_s > 0 else None
-
-
-@dataclass
-class PageView:
-    page: PageRow
-    document: DocumentRow
-    job: JobRow
-
-
-def get_page(db: Database, page_id: str, *, tenant_id: str | None = None) -> PageView:
-    """A page with its document and job. Raises PageNotFound (also for another tenant's page)."""
-    query = (select(PageRow, DocumentRow, JobRow).join(DocumentRow, DocumentRow.id == PageRow.document_id)
-             .join(JobRow, JobRow.id == PageRow.job_id).where(PageRow.id == page_id))
-    if tenant_id is not None:
-        query = _of_tenant(query.join(IngestRow, IngestRow.id == PageRow.ingest_id), tenant_id)
-    with db.session() as s:
-        found = s.execute(query).one_or_none()
-    if found is None:
-        raise PageNotFound(page_id)
-    return PageView(*found)
-
-
-def document_pages(db: Database, document_id: str) -> list[tuple[PageRow, JobRow]]:
-    """The document's pages in order, each with its job."""
-    with db.session() as s:
-        return [tuple(r) for r in s.execute(  # type: ignore[misc]
-            select(PageRow, JobRow).join(JobRow, JobRow.id == PageRow.job_id)
-            .where(PageRow.document_id == document_id).order_by(PageRow.page_no))]
-
-
-def get_document(db: Database, document_id: str) -> DocumentRow:
-    with db.session() as s:
-        return get_row(s, DocumentRow, document_id, DocumentNotFound)
-
-
-@dataclass(frozen=True)
-class ReviewPage:
-    """A succeeded page whose result a person should look at, and why."""
-
-    page_id: str
-    document_id: str
-    source: str
-    page_no: int
-    job_id: str
-    flags: list[str]
-    confidence: float | None
-    engine: str | None
-    annotated: bool
-
-
-def review_pages(db: Database, ingest_id: str, *, tenant_id: str | None = None, limit: int = 1000,
-                 after: tuple[str, int] | None = None) -> list[ReviewPage]:
-    """The ingest's pages needing review, by document source and page number, at most ``limit`` of them (from the
-    partial index on such jobs); ``after``: the (source, page number) the previous list ended with. Raises
-    IngestNotFound (also for another tenant's ingest, when ``tenant_id`` is given)."""
-    j, p, d = _JOBS.c, _PAGES.c, _DOCUMENTS.c
-    with db.session() as s:
-        found = s.execute(_of_tenant(select(IngestRow.id).where(IngestRow.id == ingest_id), tenant_id)).one_or_none()
-        if found is None:
-            raise IngestNotFound(ingest_id)
-        query = (select(p.id, p.document_id, d.source, p.page_no, j.id, j.review_flags, j.confidence, j.engine,
-                        j.annotated_key)
-                 .select_from(_JOBS.join(_PAGES, p.job_id == j.id).join(_DOCUMENTS, d.id == p.document_id))
-                 .where(j.needs_review, j.status == JobStatus.SUCCEEDED.value, p.ingest_id == ingest_id)
-                 .order_by(d.source, p.page_no).limit(limit))
-        if after is not None:
-            query = query.where((d.source > after[0]) | ((d.source == after[0]) & (p.page_no > after[1])))
-        rows = s.execute(query).all()
-    return [ReviewPage(page_id, document_id, source, page_no, job_id, flags.split(",") if flags else [], confidence,
-                       engine, annotated is not None)
-            for page_id, document_id, source, page_no, job_id, flags, confidence, engine, annotated in rows]
 
 
 def next_seq(db: Database, ingest_id: str) -> int:

@@ -31,12 +31,12 @@ def requeue(db: Database, job_id: str, *, upload_s: float | None = None) -> None
     with db.session() as s:
         was, error, review = s.execute(select(JobRow.status, JobRow.error, JobRow.needs_review)
                                        .where(JobRow.id == job_id).with_for_update()).one()
-        if was in (JobStatus.SUCCEEDED.value, JobStatus.FAILED.value):
-            ingests.rollup(s, job_id, succeeded=-(was == JobStatus.SUCCEEDED.value),
-                           failed=-(was == JobStatus.FAILED.value), now=utcnow(), reason=error,
-                           review=-int(was == JobStatus.SUCCEEDED.value and bool(review)))
+        if was in (JobStatus.SUCCEEDED, JobStatus.FAILED):
+            ingests.rollup(s, job_id, succeeded=-(was == JobStatus.SUCCEEDED),
+                           failed=-(was == JobStatus.FAILED), now=utcnow(), reason=error,
+                           review=-int(was == JobStatus.SUCCEEDED and bool(review)))
         s.execute(update(JobRow).where(JobRow.id == job_id).values(
-            status=JobStatus.QUEUED.value, error=None, error_stage=None, attempts=0, needs_review=False,
+            status=JobStatus.QUEUED, error=None, error_stage=None, attempts=0, needs_review=False,
             review_flags=None, confidence=None,
             started_at=None, finished_at=None, created_at=utcnow(), enqueued_at=None, upload_s=upload_s,
             queue_wait_s=None, preprocess_s=None, inference_s=None, postprocess_s=None, store_s=None))
@@ -75,11 +75,11 @@ def start_attempt(db: Database, job_id: str, *, policy: RetryPolicy | None, work
     now = utcnow()
     # Running is startable again only when no live lease holds it: a message delivered twice (Redis hands an
     # un-acked message out again after its visibility timeout) must not start a page its worker still runs.
-    running = (JobRow.status == JobStatus.RUNNING.value) & (JobRow.lease_until.is_(None) | (JobRow.lease_until < now))
+    running = (JobRow.status == JobStatus.RUNNING) & (JobRow.lease_until.is_(None) | (JobRow.lease_until < now))
     if policy is not None:
         running = running & (JobRow.attempts < policy.max_attempts)
-    stmt = (update(JobRow).where(JobRow.id == job_id, (JobRow.status == JobStatus.QUEUED.value) | running)
-            .values(status=JobStatus.RUNNING.value, attempts=JobRow.attempts + 1, started_at=now,
+    stmt = (update(JobRow).where(JobRow.id == job_id, (JobRow.status == JobStatus.QUEUED) | running)
+            .values(status=JobStatus.RUNNING, attempts=JobRow.attempts + 1, started_at=now,
                     queue_wait_s=func.coalesce(JobRow.queue_wait_s, _seconds_since(JobRow.created_at, now, db)),
                     worker=worker, lease_until=now + timedelta(seconds=lease) if lease else None)
             .returning(JobRow))
@@ -106,9 +106,9 @@ def _not_started(s: Any, job_id: str, policy: RetryPolicy | None, now: Any) -> N
     if row is None:
         raise JobNotFound(job_id)
     lease_live = row.lease_until is not None and as_utc(row.lease_until) >= now
-    if (policy is not None and row.status == JobStatus.RUNNING.value and policy.exhausted(row.attempts)
+    if (policy is not None and row.status == JobStatus.RUNNING and policy.exhausted(row.attempts)
             and not lease_live):
-        row.status = JobStatus.FAILED.value
+        row.status = JobStatus.FAILED
         row.error = policy.lost_worker_reason(row.attempts, row.worker)
         row.error_stage = LOST_WORKER_STAGE
         row.finished_at = now
@@ -120,14 +120,14 @@ def record_retry(db: Database, job_id: str, reason: str, stage: str | None) -> N
     """The attempt failed but will be tried again: back to queued, the reason kept for operators."""
     with db.session() as s:
         s.execute(update(JobRow).where(JobRow.id == job_id).values(
-            status=JobStatus.QUEUED.value, error=f"retrying: {reason}", error_stage=stage))
+            status=JobStatus.QUEUED, error=f"retrying: {reason}", error_stage=stage))
 
 
 def hand_back(db: Database, job_id: str) -> None:
     """The attempt was cut short by its worker stopping: queued again, the attempt not counted."""
     with db.session() as s:
-        s.execute(update(JobRow).where(JobRow.id == job_id, JobRow.status == JobStatus.RUNNING.value).values(
-            status=JobStatus.QUEUED.value, attempts=JobRow.attempts - 1))
+        s.execute(update(JobRow).where(JobRow.id == job_id, JobRow.status == JobStatus.RUNNING).values(
+            status=JobStatus.QUEUED, attempts=JobRow.attempts - 1))
 
 
 # The writes every page ends with, built once with bound parameters: SQLAlchemy compiles each
@@ -141,17 +141,17 @@ _TIMES: dict[str, ColumnElement[Any]] = {column: func.coalesce(bindparam(column)
                                          for column in STAGE_COLUMNS.values()}
 _IN_STATES = _JOBS.c.status.in_(bindparam("from", expanding=True))
 _FAILED = update(_JOBS).where(_JOBS.c.id == bindparam("job"), _IN_STATES).values(
-    status=JobStatus.FAILED.value, error=bindparam("reason"), error_stage=bindparam("stage"),
+    status=JobStatus.FAILED, error=bindparam("reason"), error_stage=bindparam("stage"),
     finished_at=bindparam("finished"), **_TIMES)
 _SUCCEEDED = update(_JOBS).where(_JOBS.c.id == bindparam("job"), _IN_STATES).values(
-    status=JobStatus.SUCCEEDED.value, error=None, error_stage=None, engine=bindparam("engine"),
+    status=JobStatus.SUCCEEDED, error=None, error_stage=None, engine=bindparam("engine"),
     result_key=bindparam("result"), annotated_key=bindparam("annotated"), finished_at=bindparam("finished"),
     needs_review=bindparam("review"), review_flags=bindparam("flags"), confidence=bindparam("confidence"), **_TIMES)
-_LIVE = [JobStatus.QUEUED.value, JobStatus.RUNNING.value]
+_LIVE = [JobStatus.QUEUED, JobStatus.RUNNING]
 _ERROR_IF_FAILED = select(func.coalesce(_JOBS.c.error, "unknown")).where(
-    _JOBS.c.id == bindparam("job"), _JOBS.c.status == JobStatus.FAILED.value).with_for_update()
+    _JOBS.c.id == bindparam("job"), _JOBS.c.status == JobStatus.FAILED).with_for_update()
 _REVIEW_IF_SUCCEEDED = select(_JOBS.c.needs_review).where(
-    _JOBS.c.id == bindparam("job"), _JOBS.c.status == JobStatus.SUCCEEDED.value).with_for_update()
+    _JOBS.c.id == bindparam("job"), _JOBS.c.status == JobStatus.SUCCEEDED).with_for_update()
 
 
 def _upsert(stmt: postgresql.Insert | sqlite.Insert) -> postgresql.Insert | sqlite.Insert:
@@ -176,7 +176,7 @@ def finish_failed(db: Database, job_id: str, reason: str, stage: str | None,
         if before is None or before == reason:
             return []
         # Failed again for another reason: its pages move from the old reason to the new one.
-        s.execute(_FAILED, {**params, "from": [JobStatus.FAILED.value]})
+        s.execute(_FAILED, {**params, "from": [JobStatus.FAILED]})
         ingests.rollup(s, job_id, succeeded=0, failed=-1, now=now, reason=before)
         return ingests.rollup(s, job_id, succeeded=0, failed=1, now=now, reason=reason)
 
@@ -203,12 +203,12 @@ def finish_succeeded(db: Database, job: JobRow, result: PageResult, *, engine: s
         if s.execute(_SUCCEEDED, {**params, "from": _LIVE}).rowcount:
             finished = ingests.rollup(s, job.id, succeeded=1, failed=0, now=now, review=int(review), work=work)
         elif (error := s.scalar(_ERROR_IF_FAILED, {"job": job.id})) is not None:
-            s.execute(_SUCCEEDED, {**params, "from": [JobStatus.FAILED.value]})
+            s.execute(_SUCCEEDED, {**params, "from": [JobStatus.FAILED]})
             finished = ingests.rollup(s, job.id, succeeded=1, failed=-1, now=now, reason=error, review=int(review),
                                       work=work)
         else:  # done before: this result replaces that one (and its grade, in the counts too; not metered again)
             before = bool(s.scalar(_REVIEW_IF_SUCCEEDED, {"job": job.id}))
-            s.execute(_SUCCEEDED, {**params, "from": [JobStatus.SUCCEEDED.value]})
+            s.execute(_SUCCEEDED, {**params, "from": [JobStatus.SUCCEEDED]})
             if before != review:
                 ingests.rollup(s, job.id, succeeded=0, failed=0, now=now, review=int(review) - int(before))
         s.execute(_UPSERT_RESULT[db.engine.dialect.name], row)

@@ -40,7 +40,7 @@ def renew(db: Database, job_ids: list[str], *, worker: str, until: datetime) -> 
         return 0
     j = _JOBS.c
     with db.session() as s:
-        done = s.execute(update(_JOBS).where(j.id.in_(job_ids), j.status == JobStatus.RUNNING.value,
+        done = s.execute(update(_JOBS).where(j.id.in_(job_ids), j.status == JobStatus.RUNNING,
                                              j.worker == worker).values(lease_until=until))
         return int(done.rowcount or 0)
 
@@ -49,12 +49,12 @@ def take_back(db: Database, *, now: datetime, policy: RetryPolicy, limit: int = 
     """Jobs whose lease ran out: queued again (their attempt counted), or failed with the policy's reason when
     their attempts are used up."""
     j = _JOBS.c
-    expired = and_(j.status == JobStatus.RUNNING.value, j.lease_until < now)
+    expired = and_(j.status == JobStatus.RUNNING, j.lease_until < now)
     with db.session() as s:
         rows = s.execute(update(_JOBS).where(j.id.in_(
             _JOBS.select().with_only_columns(j.id).where(expired).limit(limit).scalar_subquery()), expired)
             # Unpublished until the caller has put it on its lane (``unpublished`` finds it if that never happens).
-            .values(status=JobStatus.QUEUED.value, lease_until=None, enqueued_at=None)
+            .values(status=JobStatus.QUEUED, lease_until=None, enqueued_at=None)
             .returning(j.id, j.lane, j.priority, j.worker, j.attempts)).all()
     out = []
     for job_id, lane, message_priority, worker, attempts in rows:
@@ -79,7 +79,7 @@ def queued_before(db: Database, *, before: datetime, limit: int = 1000) -> list[
 
 def _queued(db: Database, *where: Any, order_by: Any = None, limit: int) -> list[tuple[str, str, int]]:
     j = _JOBS.c
-    query = _JOBS.select().with_only_columns(j.id, j.lane, j.priority).where(j.status == JobStatus.QUEUED.value,
+    query = _JOBS.select().with_only_columns(j.id, j.lane, j.priority).where(j.status == JobStatus.QUEUED,
                                                                              *where)
     if order_by is not None:
         query = query.order_by(order_by)

@@ -14,7 +14,6 @@ the setting ``api.max_pages_in_flight``).
 from __future__ import annotations
 
 import hashlib
-import math
 import secrets
 import uuid
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from typing import Any
 from sqlalchemy import delete, func, select, update
 
 from paperlane.errors import OverBudget, TenantNotFound, UsageError
-from paperlane.schemas import MAX_WEIGHT, MIN_WEIGHT
+from paperlane.schemas import check_weight
 from paperlane.storage.db import Database, utcnow
 from paperlane.storage.tables import ApiKeyRow, IngestGrantRow, TenantRow
 
@@ -245,10 +244,8 @@ def set_limits(db: Database, tenant: str, **changes: Any) -> TenantLimits:
     unknown = set(changes) - set(_LIMITS)
     if unknown:
         raise UsageError(f"not a tenant limit: {', '.join(sorted(unknown))}")
-    weight = changes.get("weight")
-    if "weight" in changes and (weight is None or not math.isfinite(weight)
-                                or not MIN_WEIGHT <= weight <= MAX_WEIGHT):
-        raise UsageError(f"a weight is between {MIN_WEIGHT:g} and {MAX_WEIGHT:g}, got {weight}")
+    if "weight" in changes:
+        check_weight(changes["weight"])
     for name in ("monthly_pages", "max_pages_in_flight"):
         if changes.get(name) is not None and changes[name] < 0:
             raise UsageError(f"{name.replace('_', ' ')} cannot be negative")

@@ -10,8 +10,8 @@ from typing import Any
 
 from paperlane.schemas import OutputFormat, PageResult
 from paperlane.status import EngineShare, JobStatus, OutputsState, PageState, Progress, RollupState
-from paperlane.storage.ingests import ReviewPage
 from paperlane.storage.outputs import written_formats
+from paperlane.storage.status_reads import ReviewPage
 from paperlane.storage.tables import DocumentRow, IngestRow, JobRow
 
 
@@ -76,7 +76,7 @@ def page_view(page_id: str, document_id: str, page_no: int, job: JobRow, *,
 def job_view(row: JobRow, timings: dict[str, float], *, result_url: str | None,
              annotated_url: str | None) -> dict[str, Any]:
     """A job (``paperlane status JOB_ID``): its state, attempts, error, stage timings, the worker holding it."""
-    running = row.status == JobStatus.RUNNING.value
+    running = row.status == JobStatus.RUNNING
     return {
         "job_id": row.id, "status": page_state(row).value, "lane": row.lane, "task": row.task, "source": row.source,
         "page": row.page, "attempts": row.attempts, "error": row.error, "error_stage": row.error_stage,

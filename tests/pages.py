@@ -15,7 +15,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 if TYPE_CHECKING:
     from paperlane.models.engine import InputSpec, PreparedImage
-    from paperlane.workers.preprocess import Limits
+    from paperlane.workers.input_limits import Limits
 
 WORDS = ("invoice total amount paid customer account number date order shipping address payment "
          "balance receipt quantity price tax discount reference delivery company limited street").split()
@@ -84,7 +84,8 @@ def tiny_page(i: int) -> bytes:
 
 def prepare(data: bytes, spec: InputSpec, limits: Limits | None = None) -> PreparedImage:
     """A page's engine input, as preprocessing hands it to the engine (page 1, no preview)."""
-    from paperlane.workers.preprocess import Limits, prepare_page  # OpenCV: only for the tests that prepare pages
+    from paperlane.workers.input_limits import Limits
+    from paperlane.workers.preprocess import prepare_page  # OpenCV: only for the tests that prepare pages
 
     return prepare_page(data, spec, limits or Limits()).image
 

@@ -8,7 +8,7 @@ import cv2
 import numpy as np
 import pytest
 
-from paperlane.producer.inputs import Document
+from paperlane.producer.input_items import Document
 from paperlane.schemas import Line, TaskSpec
 from paperlane.settings import ImageFormat, Settings, WorkerSettings
 from paperlane.storage import jobs as jobstore

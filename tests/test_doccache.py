@@ -17,7 +17,7 @@ from paperlane.settings import Settings, WorkerSettings
 from paperlane.storage.objects import ObjectStore, open_store, original_key
 from paperlane.workers.cpu_pool import CpuPool
 from paperlane.workers.doccache import OpenDocuments, Spool, spooled_kind
-from paperlane.workers.preprocess import Limits
+from paperlane.workers.input_limits import Limits
 from tests.test_pdfscan import jpeg_of, scan_image
 from tests.test_preprocess import VLM_SPEC, pdf_pages
 

@@ -16,7 +16,7 @@ from paperlane.priority import keys
 from paperlane.priority.broker import make_celery
 from paperlane.priority.fair import FairLanes, Share
 from paperlane.priority.lanes import Lane, broker_keys
-from paperlane.producer.inputs import Document
+from paperlane.producer.input_items import Document
 from paperlane.producer.submit import CeleryPublisher, submit_documents
 from paperlane.schemas import TaskSpec
 from paperlane.storage import ingests, tenants, usage

@@ -21,7 +21,7 @@ from paperlane.errors import UsageError
 from paperlane.formats import FORMATS, REGISTRY, Content, Scope, build, file_name, format_of, media_type
 from paperlane.retry import RetryPolicy
 from paperlane.schemas import EngineInfo, JobStatus, Line, OutputFormat, PageResult
-from paperlane.storage import ingests, tenants
+from paperlane.storage import ingests, status_reads, tenants
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
 from paperlane.storage.objects import ObjectStore, document_key, open_store, result_key
@@ -157,7 +157,7 @@ def test_the_worker_and_the_api_reach_every_format_and_their_mets_resolves(stack
     assert written is not None and written.formats == list(OutputFormat)  # the worker: every document format
 
     # The METS the worker wrote: its page files beside it in the store, its images the original where it is kept.
-    original = original_location(store, ingests.get_document(db, document_id).original_key or "")
+    original = original_location(store, status_reads.get_document(db, document_id).original_key or "")
     hrefs = _hrefs(store.get(document_key(document_id, OutputFormat.METS)))
     assert [h for h in hrefs if "://" in h] == [f"{original}&page={n}" for n in (1, 2)]
     for href in hrefs:

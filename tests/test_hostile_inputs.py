@@ -24,7 +24,10 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from paperlane.producer.inputs import Document, Inflation, Skipped, expand
+from paperlane.errors import InputError
+from paperlane.models.engine import InputSpec
+from paperlane.producer.input_items import Document, Inflation, Skipped
+from paperlane.producer.inputs import expand
 from paperlane.settings import IngestSettings
 from tests.bombs import zeros_tar_gz
 from tests.test_inputs import documents, jpeg, pdf_bytes, refusals, tar_bytes, zip_bytes
@@ -61,7 +64,8 @@ def traced_peak(run: Callable[[], list[Document | Skipped]]) -> tuple[list[Docum
 MEASURE = """
 import json, resource, sys
 import pypdfium2, PIL.TiffImagePlugin  # loaded before the baseline
-from paperlane.producer.inputs import Document, expand
+from paperlane.producer.input_items import Document
+from paperlane.producer.inputs import expand
 from paperlane.settings import IngestSettings
 
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -218,6 +222,19 @@ def test_encrypted_pdf_is_named_as_such(tmp_path: Path) -> None:
     items = list(expand([tmp_path / "locked.pdf", good(tmp_path)], LIMITS))
     assert lines(items, tmp_path) == {"locked.pdf": "encrypted PDF (password required)"}
     assert_good_after(items)
+
+
+@pytest.mark.parametrize("data", [encrypted_pdf(), b"%PDF-1.4 nothing else"], ids=["encrypted", "unreadable"])
+def test_a_pdf_pdfium_will_not_open_is_refused_in_the_same_words_at_upload_and_in_a_worker(
+        tmp_path: Path, data: bytes) -> None:
+    from paperlane.workers.preprocess import prepare_page  # OpenCV: only for the tests that prepare pages
+
+    (tmp_path / "x.pdf").write_bytes(data)
+    [uploaded] = documents(list(expand([tmp_path / "x.pdf"], LIMITS)))
+    with pytest.raises(InputError) as prepared:
+        prepare_page(data, InputSpec())
+    assert uploaded.error is not None and str(uploaded.error) == str(prepared.value)
+    assert (uploaded.error.stage, prepared.value.stage) == ("upload", "preprocess")
 
 
 def test_file_larger_than_the_limit_is_refused_before_it_is_read(tmp_path: Path) -> None:

@@ -13,12 +13,12 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 
-from paperlane.producer.inputs import Document
+from paperlane.producer.input_items import Document
 from paperlane.producer.submit import SubmittedPage, Submitter, submit_documents
 from paperlane.retry import RetryPolicy
 from paperlane.schemas import JobStatus, PageResult, TaskSpec
-from paperlane.storage import ingests
 from paperlane.storage import jobs as jobstore
+from paperlane.storage import status_reads
 from paperlane.storage.db import Database
 from paperlane.storage.localfs import LocalStore
 from tests.pages import tiny_page
@@ -47,11 +47,11 @@ def test_a_page_in_two_documents_is_one_job_and_two_tracked_pages(db: Database, 
     ingest_id = pages[0].ingest_id
     finished = succeed(db, pages[0].job_id)
     assert sorted(finished) == sorted([pages[0].document_id, pages[1].document_id])
-    _, progress, _ = ingests.ingest_progress(db, ingest_id)
+    _, progress, _ = status_reads.ingest_progress(db, ingest_id)
     assert (progress.total, progress.succeeded, progress.failed, progress.unpublished) == (3, 2, 0, 1)  # no broker
     assert succeed(db, pages[0].job_id, again=True) == []  # a late duplicate rewrites, counts nothing
     jobstore.finish_failed(db, pages[2].job_id, "cannot decode this image", "preprocess")
-    _, progress, failures = ingests.ingest_progress(db, ingest_id)
+    _, progress, failures = status_reads.ingest_progress(db, ingest_id)
     assert (progress.succeeded, progress.failed, progress.done) == (2, 1, True)
     assert failures == [("cannot decode this image", 1)]
 
@@ -62,9 +62,9 @@ def test_a_page_registered_after_its_job_finished_counts_as_final(db: Database, 
     succeed(db, first.job_id)
     [again] = submit_documents([doc("a-copy", tiny_page(0))], db=db, store=store, spec=TaskSpec())
     assert (again.job_id, again.action, again.status) == (first.job_id, "exists", JobStatus.SUCCEEDED)
-    row, progress, _ = ingests.ingest_progress(db, again.ingest_id)
+    row, progress, _ = status_reads.ingest_progress(db, again.ingest_id)
     assert progress.done and progress.succeeded == 1 and row.registered_at is not None
-    assert ingests.get_document(db, again.document_id).finished_at is not None
+    assert status_reads.get_document(db, again.document_id).finished_at is not None
 
 
 def test_a_multi_page_document_finishes_with_its_last_page(db: Database, tmp_path: Path) -> None:
@@ -74,7 +74,7 @@ def test_a_multi_page_document_finishes_with_its_last_page(db: Database, tmp_pat
     assert succeed(db, pages[0].job_id) == []
     jobstore.finish_failed(db, pages[1].job_id, "engine refused", "inference")
     assert succeed(db, pages[2].job_id) == [pages[0].document_id]
-    _, progress, _ = ingests.document_progress(db, pages[0].document_id)
+    _, progress, _ = status_reads.document_progress(db, pages[0].document_id)
     assert (progress.succeeded, progress.failed) == (2, 1)
 
 
@@ -85,7 +85,7 @@ def test_a_refused_document_is_one_failed_page_with_its_reason(db: Database, tmp
                    error=InputError("encrypted PDF (password required)", stage="upload"))
     [page] = submit_documents([bad], db=db, store=LocalStore(tmp_path), spec=TaskSpec())
     assert (page.action, page.status, page.error) == ("failed", JobStatus.FAILED, "encrypted PDF (password required)")
-    _, progress, failures = ingests.ingest_progress(db, page.ingest_id)
+    _, progress, failures = status_reads.ingest_progress(db, page.ingest_id)
     assert progress.done and failures == [("encrypted PDF (password required)", 1)]
 
 
@@ -101,7 +101,7 @@ def test_an_interrupted_ingest_resumes_without_registering_anything_twice(db: Da
     rest = list(second.submit(iter(docs), name="archive", sources=["/archive"]))
     assert second.summary.resumed and second.summary.ingest_id == got[0].ingest_id  # type: ignore[union-attr]
     assert second.summary.skipped_before == 2 and len(rest) == 4
-    row, progress, _ = ingests.ingest_progress(db, second.summary.ingest_id)
+    row, progress, _ = status_reads.ingest_progress(db, second.summary.ingest_id)
     assert (row.documents_total, progress.total) == (6, 6)
     with db.session() as s:
         assert s.scalar(sa.text("SELECT count(*) FROM jobs")) == 6

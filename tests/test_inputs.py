@@ -15,7 +15,8 @@ import pytest
 from PIL import Image
 
 from paperlane.errors import UsageError
-from paperlane.producer.inputs import Document, Skipped, check_paths, expand
+from paperlane.producer.input_items import Document, Skipped
+from paperlane.producer.inputs import check_paths, expand
 from paperlane.settings import IngestSettings
 from tests.pages import render_page, sample_lines
 from tests.services import S3_KEY, S3_SECRET, Service
@@ -145,7 +146,7 @@ def test_unreadable_empty_and_long_documents_are_refused(tmp_path: Path) -> None
     (tmp_path / "ok.tif").write_bytes(tiff_bytes(2))
     items = list(expand([tmp_path], LIMITS.model_copy(update={"max_pages": 2})))
     assert {Path(k).name: v for k, v in refusals(items).items()} == {
-        "broken.pdf": "unreadable PDF", "empty.jpg": "empty file",
+        "broken.pdf": "unreadable PDF (PDFium: Data format error)", "empty.jpg": "empty file",
         "long.pdf": "more than 2 pages (ingest.max_pages)", "long.tif": "more than 2 pages (ingest.max_pages)"}
     assert all(d.data == b"" and d.page_count == 1 and d.error and d.error.stage == "upload"
                for d in documents(items) if d.error)

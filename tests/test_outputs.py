@@ -12,7 +12,7 @@ from paperlane.formats.result_json import page_json
 from paperlane.retry import RetryPolicy
 from paperlane.schemas import EngineInfo, JobStatus, Line, OutputFormat, PageResult
 from paperlane.status import OutputsState
-from paperlane.storage import ingests, views
+from paperlane.storage import ingests, status_reads, views
 from paperlane.storage import jobs as jobstore
 from paperlane.storage import outputs as recorded
 from paperlane.storage.db import Database, utcnow
@@ -25,7 +25,7 @@ from tests.test_tenants import _submit
 
 
 def _state(db: Database, document_id: str) -> dict[str, object]:
-    return views.document_view(*ingests.document_progress(db, document_id))["outputs"]
+    return views.document_view(*status_reads.document_progress(db, document_id))["outputs"]
 
 
 def _finished_document(db: Database, store: LocalStore) -> str:
@@ -62,7 +62,7 @@ def test_a_failed_try_is_retried_after_its_backoff_then_given_up(db: Database, t
     state = _state(db, document_id)
     assert state["state"] == OutputsState.FAILED.value and "cannot write" in str(state["error"])
     # Its page redone (``submit --force``) makes them due again, tries counted anew; a working store writes them.
-    job_id = ingests.document_pages(db, document_id)[0][1].id
+    job_id = status_reads.document_pages(db, document_id)[0][1].id
     jobstore.requeue(db, job_id)
     assert _state(db, document_id)["state"] is None  # not finished again: nothing due
     succeed(db, job_id)

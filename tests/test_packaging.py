@@ -86,3 +86,42 @@ def test_generic_top_level_names_are_not_installed(name: str, tmp_path: Path) ->
     inside = subprocess.run([sys.executable, "-c", f"import paperlane.{name}"], cwd=tmp_path, capture_output=True,
                             text=True)
     assert inside.returncode == 0, inside.stderr
+
+
+def test_every_package_is_listed_for_setuptools() -> None:
+    """A subpackage left out of pyproject's list is missing from the installed wheel (an editable install hides it)."""
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {module for module, path in _modules() if path.name == "__init__.py"}
+    assert found == listed
+
+
+MAX_LINES = 500  # tests and migrations aside
+
+
+def test_no_module_is_too_large_to_hold_in_ones_head() -> None:
+    sizes = {path.relative_to(REPO).as_posix(): len(path.read_text().splitlines()) for _, path in _modules()}
+    over = {rel: n for rel, n in sizes.items() if n > MAX_LINES and "/migrations/" not in rel}
+    assert not over, over
+
+
+# Module names two packages share, each one concept seen from two layers. Any other shared name is two concepts
+# under one word: give one of them its own.
+ONE_CONCEPT = {
+    "errors": "the error tree (paperlane), and how the API answers with it (producer.api)",
+    "ingests": "ingests' rows (storage), and the /v1/ingests routes (producer.api)",
+    "usage": "usage counted (storage), and the /v1/usage route (producer.api)",
+    "leases": "leases on jobs' rows (storage), and the worker's keeper of them (workers)",
+    "outputs": "a document's outputs recorded (storage), and written (workers)",
+    "webhooks": "the webhook outbox (storage), and its delivery (producer)",
+}
+
+
+def test_modules_share_a_name_only_when_they_hold_one_concept() -> None:
+    packages: dict[str, set[str]] = {}
+    for module, path in _modules():
+        if path.stem not in ("__init__", "__main__"):
+            packages.setdefault(path.stem, set()).add(module.rpartition(".")[0])
+    shared = {name for name, where in packages.items() if len(where) > 1}
+    assert shared == set(ONE_CONCEPT), {name: sorted(packages[name]) for name in shared ^ set(ONE_CONCEPT)}

@@ -22,7 +22,7 @@ from PIL import Image
 
 from paperlane.errors import INTERNAL_REASON
 from paperlane.models.engine import Capacity, EngineOutput, EngineRequest, Outcome
-from paperlane.producer.inputs import Document
+from paperlane.producer.input_items import Document
 from paperlane.producer.submit import submit_documents
 from paperlane.retry import Action, Decision, RetryPolicy
 from paperlane.schemas import EngineInfo, JobStatus, Line, TaskSpec

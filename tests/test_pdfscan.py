@@ -16,16 +16,10 @@ from PIL import Image, ImageDraw, features
 from paperlane.errors import InputError
 from paperlane.models.engine import InputSpec
 from paperlane.workers import pdfscan
-from paperlane.workers.preprocess import (
-    PDF_DPI,
-    PDFIUM_LOCK,
-    Limits,
-    open_pdf,
-    prepare_page,
-    render_pdf_page,
-    scanned_pixels,
-    target_size,
-)
+from paperlane.workers.fit import target_size
+from paperlane.workers.input_limits import Limits
+from paperlane.workers.pdf_pages import PDF_DPI, PDFIUM_LOCK, open_pdf, render_pdf_page, scanned_pixels
+from paperlane.workers.preprocess import prepare_page
 from tests.pages import add_text, bilevel_pdf, pdf_bytes, sample_lines
 from tests.test_preprocess import VLM_SPEC, handmade_pdf
 

@@ -144,3 +144,10 @@ def test_what_the_producer_sends_passes_the_check(redis_service, stack: Stack) -
     assert page_job_id(json.dumps(envelope).encode()) == "template-job"
     with pytest.raises(BadMessage, match="expected one job id"):
         page_job_id(_changed(envelope, lambda e: e.__setitem__("body", base64.b64encode(b'[[], {}, null]').decode())))
+
+
+def test_a_bad_message_is_told_apart_in_one_line_saying_where() -> None:
+    with pytest.raises(BadMessage, match=r"^message: not JSON \(.+\)$"):
+        page_job_id(b"this is not json {")
+    with pytest.raises(BadMessage, match=r"^message: Input should be an object$"):
+        page_job_id(b"[1, 2, 3]")

@@ -17,7 +17,9 @@ from PIL import Image, ImageOps
 
 from paperlane.errors import InputError
 from paperlane.models.engine import InputSpec
-from paperlane.workers.preprocess import Limits, grey_preview, prepare_page, target_size
+from paperlane.workers.fit import grey_preview, target_size
+from paperlane.workers.input_limits import Limits
+from paperlane.workers.preprocess import prepare_page
 from tests.pages import BAD_INPUTS, huge_declared_png, prepare, render_page, sample_lines, truncated_jpeg
 
 VLM_SPEC = InputSpec(encoding="jpeg", max_side=2048, max_pixels=2048 * 2048, min_pixels=512 * 512, multiple_of=32)
@@ -281,7 +283,7 @@ def test_an_encrypted_pdf_is_named_as_such() -> None:
     encrypt = b"<< /Filter /Standard /V 1 /R 2 /P -4 /O <%s> /U <%s> >>" % (b"11" * 32, b"22" * 32)
     data = handmade_pdf(*ONE_PAGE, b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 595 842] >>", encrypt,
                         trailer=b"/Encrypt 4 0 R /ID [<%s> <%s>]" % (b"33" * 16, b"33" * 16))
-    with pytest.raises(InputError, match=r"^encrypted PDF \(it opens only with its password\)$"):
+    with pytest.raises(InputError, match=r"^encrypted PDF \(password required\)$"):
         prepare(data, VLM_SPEC)
     # The same document without its /Encrypt opens: the password is what it lacks.
     assert prepare(handmade_pdf(*ONE_PAGE, b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 595 842] >>"),

@@ -24,7 +24,7 @@ from paperlane.storage.reader import ObjectReader
 from paperlane.storage.s3 import S3Store
 from paperlane.workers.cpu_pool import CpuPool
 from paperlane.workers.doccache import OpenDocuments, Spool
-from paperlane.workers.preprocess import Limits
+from paperlane.workers.input_limits import Limits
 from tests.services import S3_KEY, S3_SECRET, Service
 from tests.test_doccache import CountingStore, pdf_of_jpegs, scanned_pdf
 from tests.test_preprocess import VLM_SPEC

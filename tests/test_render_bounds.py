@@ -17,7 +17,7 @@ import pytest
 
 from paperlane.errors import InputError
 from paperlane.priority.lanes import Lane
-from paperlane.producer.inputs import Document
+from paperlane.producer.input_items import Document
 from paperlane.producer.submit import submit_documents
 from paperlane.retry import Action
 from paperlane.schemas import TaskSpec

@@ -12,7 +12,7 @@ import pytest
 from paperlane.errors import EngineOutputError, EngineUnavailable
 from paperlane.models.engine import Capacity, EngineOutput, EngineRequest, InputSpec, Outcome
 from paperlane.priority.lanes import Lane
-from paperlane.producer.inputs import Document
+from paperlane.producer.input_items import Document
 from paperlane.schemas import EngineInfo, JobStatus, Line, TaskSpec
 from paperlane.settings import load_settings
 from paperlane.storage import jobs as jobstore

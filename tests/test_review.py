@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from paperlane.errors import IngestNotFound
 from paperlane.schemas import PageResult, Quality, QualityFlag
 from paperlane.status import JobStatus
-from paperlane.storage import ingests, views
+from paperlane.storage import ingests, status_reads, views
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
 from paperlane.storage.localfs import LocalStore
@@ -36,8 +36,8 @@ def _finish(db: Database, job_id: str, quality: Quality) -> None:
 
 
 def _counts(db: Database, ingest_id: str, document_id: str) -> tuple[int, int]:
-    ingest = views.ingest_view(*ingests.ingest_progress(db, ingest_id))
-    document = views.document_view(*ingests.document_progress(db, document_id))
+    ingest = views.ingest_view(*status_reads.ingest_progress(db, ingest_id))
+    document = views.document_view(*status_reads.document_progress(db, document_id))
     return ingest["needs_review"], document["needs_review"]
 
 
@@ -48,7 +48,7 @@ def test_pages_needing_review_are_counted_listed_and_uncounted(db: Database, tmp
     _finish(db, a.job_id, LOOPED)
     _finish(db, b.job_id, CLEAN)  # retried and clean: nothing to review
     assert _counts(db, ingest_id, a.document_id) == (1, 1) and _counts(db, ingest_id, b.document_id)[1] == 0
-    [listed] = ingests.review_pages(db, ingest_id)
+    [listed] = status_reads.review_pages(db, ingest_id)
     assert (listed.page_id, listed.source, listed.page_no, listed.flags, listed.confidence) == (
         a.page_id, "a.png", 1, ["retried", "fallback"], 0.62)
     with db.session() as s:
@@ -56,7 +56,7 @@ def test_pages_needing_review_are_counted_listed_and_uncounted(db: Database, tmp
         assert s.execute(sa.text("SELECT pages_review FROM ingest_status")).scalar_one() == 1
     # Done again with a clean answer (a rewrite of a succeeded job): no longer needs review, anywhere.
     _finish(db, a.job_id, CLEAN)
-    assert _counts(db, ingest_id, a.document_id) == (0, 0) and ingests.review_pages(db, ingest_id) == []
+    assert _counts(db, ingest_id, a.document_id) == (0, 0) and status_reads.review_pages(db, ingest_id) == []
     # Needing review again, then redone from scratch (submit --force): it leaves the count with its result.
     _finish(db, a.job_id, LOOPED)
     assert _counts(db, ingest_id, a.document_id) == (1, 1)
@@ -71,7 +71,7 @@ def test_a_page_registered_after_its_job_needed_review_is_counted_at_once(db: Da
     [again] = _submit(db, store, [doc("copy-of-a", tiny_page(1))], ingests.Owner())  # the same bytes: the same job
     assert again.job_id == first.job_id and again.ingest_id != first.ingest_id
     assert _counts(db, again.ingest_id, again.document_id) == (1, 1)
-    assert [p.source for p in ingests.review_pages(db, again.ingest_id)] == ["copy-of-a.png"]
+    assert [p.source for p in status_reads.review_pages(db, again.ingest_id)] == ["copy-of-a.png"]
 
 
 def test_another_tenants_review_is_not_found(db: Database, tmp_path: Path) -> None:
@@ -81,9 +81,9 @@ def test_another_tenants_review_is_not_found(db: Database, tmp_path: Path) -> No
     [page] = _submit(db, LocalStore(tmp_path / "objects"), [doc("a", tiny_page(1))],
                      ingests.Owner(acme.tenant_id, acme.key_id))
     _finish(db, page.job_id, LOOPED)
-    assert len(ingests.review_pages(db, page.ingest_id, tenant_id=acme.tenant_id)) == 1
+    assert len(status_reads.review_pages(db, page.ingest_id, tenant_id=acme.tenant_id)) == 1
     with pytest.raises(IngestNotFound):
-        ingests.review_pages(db, page.ingest_id, tenant_id=globex.tenant_id)
+        status_reads.review_pages(db, page.ingest_id, tenant_id=globex.tenant_id)
 
 
 def test_the_api_lists_its_tenants_pages_needing_review(stack: Stack) -> None:

@@ -22,7 +22,7 @@ from paperlane.models.profiles import get_profile
 from paperlane.models.vllm_server import VllmServerEngine
 from paperlane.schemas import Task, TaskSpec
 from paperlane.settings import EngineSettings
-from paperlane.workers.preprocess import Limits
+from paperlane.workers.input_limits import Limits
 from tests.pages import prepare, render_page, sample_lines, tiny_page
 from tests.sim_engine import SimEngine, start_sim_engine
 

@@ -12,7 +12,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 from paperlane.errors import OverBudget, UsageError
-from paperlane.producer.inputs import Document
+from paperlane.producer.input_items import Document
 from paperlane.producer.submit import SubmittedPage, Submitter
 from paperlane.schemas import TaskSpec
 from paperlane.storage import ingests, tenants, webhooks

@@ -39,7 +39,8 @@ from paperlane.storage.objects import ObjectStore, open_store
 from paperlane.workers.bounded import BoundedPool, ProcessDied, TaskFailed, TaskTimedOut
 from paperlane.workers.cpus import WORKER_OWN_CPUS, available_cpus, pool_processes
 from paperlane.workers.doccache import OpenDocuments, Source, Spool, read_whole, spooled_kind
-from paperlane.workers.preprocess import Limits, PreparedPage, prepare_page
+from paperlane.workers.input_limits import Limits
+from paperlane.workers.preprocess import PreparedPage, prepare_page
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,9 @@ from paperlane.errors import InputError, PaperlaneError
 from paperlane.models.engine import InputSpec
 from paperlane.storage.objects import ObjectStore, split_range
 from paperlane.storage.reader import ObjectReader
-from paperlane.workers.preprocess import PDFIUM_LOCK, Limits, PdfFile, PreparedPage, open_pdf, prepare_pdf_page
+from paperlane.workers.input_limits import Limits
+from paperlane.workers.pdf_pages import PDFIUM_LOCK, PdfFile, open_pdf
+from paperlane.workers.preprocess import PreparedPage, prepare_pdf_page
 
 log = logging.getLogger(__name__)
 

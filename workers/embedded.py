@@ -26,7 +26,7 @@ from paperlane.priority.delayed import InMemoryDelayed
 from paperlane.priority.lanes import Lane
 from paperlane.priority.policy import LanePolicy
 from paperlane.priority.scheduler import InMemoryLanes, LaneScheduler
-from paperlane.producer.inputs import Document, Skipped
+from paperlane.producer.input_items import Document, Skipped
 from paperlane.producer.submit import SubmitAction, SubmittedPage, Submitter
 from paperlane.retry import Action, RetryPolicy
 from paperlane.schemas import JobStatus, OutputFormat, PageResult, TaskSpec

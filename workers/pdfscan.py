@@ -3,7 +3,7 @@
 Most scanned archives are PDFs holding one full-page image per page. Rendering such a page makes
 PDFium decode the image whole and resample it in software (about 75 ms for an A4 300 dpi JPEG page);
 taking the image's own bytes and placing them as the render would costs what a JPEG file does.
-This module answers the two questions PDFium can (preprocessing, ``workers.preprocess``, decodes
+This module answers the two questions PDFium can (preprocessing, ``workers.pdf_pages``, decodes
 and places the pixels):
 
 - ``lone_image``: is what the page shows exactly one image, and where do its pixels land in a

@@ -29,7 +29,7 @@ from paperlane.producer.api.options import checked
 from paperlane.producer.api.service import CallerDep, Service, ServiceDep, check_budget
 from paperlane.schemas import OutputFormat
 from paperlane.status import OutputsState, RollupState
-from paperlane.storage import ingests, views
+from paperlane.storage import status_reads, views
 from paperlane.storage.db import as_utc, utcnow
 from paperlane.storage.results import page_result
 from paperlane.storage.tables import DocumentRow
@@ -65,7 +65,7 @@ async def get_document(document_id: str, svc: ServiceDep, who: CallerDep,
     """A document's status and progress; ``wait``: hold the answer until it changes (seconds, at most api.max_wait)."""
 
     def read() -> dict[str, Any]:
-        return views.document_view(*ingests.document_progress(svc.db, document_id, tenant_id=who.tenant_id))
+        return views.document_view(*status_reads.document_progress(svc.db, document_id, tenant_id=who.tenant_id))
     return public(await wait_for_change(svc, who, read, wait))
 
 
@@ -77,14 +77,14 @@ def get_result(document_id: str, svc: ServiceDep, who: CallerDep, format: Output
     PAGE XML, once its pages are final. What the workers wrote is read from the store; ALTO, PAGE XML, hOCR and METS
     they did not write are built now (documents of at most api.max_build_pages pages). 409 while its pages are being
     processed or (JSON, markdown, PDF) its outputs are being written (the document's ``outputs.state`` says which)."""
-    row, progress, _ = ingests.document_progress(svc.db, document_id, tenant_id=who.tenant_id)
+    row, progress, _ = status_reads.document_progress(svc.db, document_id, tenant_id=who.tenant_id)
     return document_file(svc, row, done=progress.done, fmt=format, page=page)
 
 
 @router.get("/{document_id}/events")
 async def document_events(request: Request, document_id: str, svc: ServiceDep, who: CallerDep) -> StreamingResponse:
     """Server-Sent Events: ``page`` as each page finishes (with its result), then ``done``."""
-    await svc.read(partial(ingests.document_progress, svc.db, document_id,
+    await svc.read(partial(status_reads.document_progress, svc.db, document_id,
                            tenant_id=who.tenant_id))  # 404 before the stream starts
     stream = await _Stream.open(svc, who)
     return StreamingResponse(_events(request, svc, document_id, who, stream), media_type="text/event-stream",
@@ -170,9 +170,9 @@ async def _frames(request: Request, svc: Service, document_id: str, who: Caller,
     last = started = time.monotonic()
     seen: tuple[int, int] | None = None  # the document's final pages when its pages were last read
     while not await request.is_disconnected() and time.monotonic() - started < api.stream_seconds:
-        document = await svc.read(ingests.get_document, svc.db, document_id)
+        document = await svc.read(status_reads.get_document, svc.db, document_id)
         if seen != (counts := (document.pages_succeeded, document.pages_failed)):
-            pages = await svc.read(ingests.document_pages, svc.db, document_id)
+            pages = await svc.read(status_reads.document_pages, svc.db, document_id)
             seen = counts
             for page, job in pages:
                 if page.id not in sent and views.page_state(job).final:
@@ -183,7 +183,8 @@ async def _frames(request: Request, svc: Service, document_id: str, who: Caller,
                     yield _sse("page", public(views.page_view(page.id, document_id, page.page_no, job,
                                                               result=result)))
         if document.pages_total and len(sent) >= document.pages_total and _outputs_settled(document):
-            final = await svc.read(partial(ingests.document_progress, svc.db, document_id, tenant_id=who.tenant_id))
+            final = await svc.read(partial(status_reads.document_progress, svc.db, document_id,
+                                           tenant_id=who.tenant_id))
             yield _sse("done", public(views.document_view(*final)))
             return
         if time.monotonic() - last > _KEEPALIVE:

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from paperlane.errors import NotFound, StorageUnavailable, UsageError, public_reason, redact
+from paperlane.errors import NotFound, StorageUnavailable, UsageError, first_error, public_reason, redact
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +74,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        return error(422, "invalid_request", f"{where}: {first.get('msg', 'invalid')}" if where else "invalid")
+        return error(422, "invalid_request", first_error(exc, unnamed=("body",)))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

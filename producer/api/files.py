@@ -17,7 +17,7 @@ from paperlane.producer.api.errors import ApiError
 from paperlane.producer.api.service import Service
 from paperlane.schemas import OutputFormat
 from paperlane.status import OutputsState
-from paperlane.storage import ingests, views
+from paperlane.storage import status_reads, views
 from paperlane.storage.db import as_utc
 from paperlane.storage.objects import document_key
 from paperlane.storage.outputs import written_formats
@@ -43,7 +43,7 @@ def document_file(svc: Service, row: DocumentRow, *, done: bool, fmt: OutputForm
     return _response(data, fmt, name=row.name, page=number, total=total)
 
 
-def page_file(svc: Service, found: ingests.PageView, fmt: OutputFormat) -> Response:
+def page_file(svc: Service, found: status_reads.PageView, fmt: OutputFormat) -> Response:
     """The page alone in an archive format (ALTO, PAGE XML, hOCR), built from its result; 409 until it is final."""
     document, job, number = found.document, found.job, found.page.page_no
     if not views.page_state(job).final:
@@ -77,14 +77,14 @@ def _built(svc: Service, row: DocumentRow, fmt: OutputFormat, page: int | None) 
                        f"({svc.settings.api.max_build_pages}: api.max_build_pages)")
     if not FORMATS[fmt].document:
         number = page or 1
-        job = next((j for p, j in ingests.document_pages(svc.db, row.id) if p.page_no == number), None)
+        job = next((j for p, j in status_reads.document_pages(svc.db, row.id) if p.page_no == number), None)
         if job is None:
             raise ApiError(404, "not_found", f"the document has no page {number}")
         return _page_built(svc, row, job, fmt, number)
     read = document_results(svc.db, svc.store, row.id)
     content = document_content(svc.store, row, read.pages, created=read.finished)
     if FORMATS[fmt].companions:  # it lists page files nobody wrote: this API's own URLs for them
-        ids = {p.page_no: p.id for p, _ in ingests.document_pages(svc.db, row.id)}
+        ids = {p.page_no: p.id for p, _ in status_reads.document_pages(svc.db, row.id)}
         content = replace(content, page_file_href=lambda each, number: f"/v1/pages/{ids[number]}?format={each.value}")
     return build(fmt, content)
 

@@ -28,7 +28,7 @@ from paperlane.producer.api.options import IngestRequest, checked
 from paperlane.producer.api.service import CallerDep, Service, ServiceDep, check_budget, check_room
 from paperlane.producer.submit import Submitter
 from paperlane.status import RollupState
-from paperlane.storage import ingests, tenants, views
+from paperlane.storage import ingests, status_reads, tenants, views
 from paperlane.storage.tenants import Caller, PageBudget
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ async def get_ingest(ingest_id: str, svc: ServiceDep, who: CallerDep,
     time it needs at that share; ``wait``: hold the answer until it changes (seconds, at most api.max_wait)."""
 
     def read() -> dict[str, Any]:
-        row, progress, failures = ingests.ingest_progress(svc.db, ingest_id, tenant_id=who.tenant_id)
+        row, progress, failures = status_reads.ingest_progress(svc.db, ingest_id, tenant_id=who.tenant_id)
         share = (svc.fair.share_or_none(row.lane, row.tenant_id, row.id)
                  if svc.settings.fair_share.enabled and not progress.done else None)
         return views.ingest_view(row, progress, failures, share=share)
@@ -81,7 +81,7 @@ def get_review(ingest_id: str, svc: ServiceDep, who: CallerDep,
                cursor: Annotated[str | None, Query(max_length=2000)] = None) -> dict[str, Any]:
     """The ingest's pages whose results need a person's eyes, with why (their quality flags) and their confidence,
     by document and page; ``cursor``: the ``next`` of the previous answer."""
-    pages = ingests.review_pages(svc.db, ingest_id, tenant_id=who.tenant_id, limit=limit, after=_after(cursor))
+    pages = status_reads.review_pages(svc.db, ingest_id, tenant_id=who.tenant_id, limit=limit, after=_after(cursor))
     last = pages[-1] if len(pages) == limit else None
     return {"ingest_id": ingest_id, "pages": [views.review_view(p) for p in pages],
             "next": _cursor(last.source, last.page_no) if last else None}

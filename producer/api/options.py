@@ -6,10 +6,11 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
+from paperlane.errors import first_error
 from paperlane.priority.lanes import LEVELS_PER_LANE, Lane, message_priority
 from paperlane.producer.api.errors import ApiError
 from paperlane.producer.webhooks import check_callback
-from paperlane.schemas import MAX_WEIGHT, MIN_WEIGHT, Task, TaskSpec
+from paperlane.schemas import Task, TaskSpec, Weight
 from paperlane.settings import ApiSettings
 from paperlane.storage.tenants import Caller
 
@@ -22,7 +23,7 @@ class Options(BaseModel):
     priority: int = Field(0, ge=0, le=LEVELS_PER_LANE - 1, description="order within the lane, 0 (first) to 4")
     callback_url: str | None = Field(None, description="POSTed (signed) when the ingest finishes")
     name: str | None = Field(None, max_length=200)
-    weight: float = Field(1.0, ge=MIN_WEIGHT, le=MAX_WEIGHT, description="the ingest's share of its tenant's turns "
+    weight: Weight = Field(1.0, description="the ingest's share of its tenant's turns "
                           "beside the tenant's other ingests (fair share within the lane)")
 
     @field_validator("fields", "to", "name", mode="after")  # a callback URL is checked as one (400)
@@ -53,17 +54,9 @@ def checked(options: Options | dict[str, Any], who: Caller, api: ApiSettings) ->
         opts = options if isinstance(options, Options) else Options.model_validate(options)
         spec = opts.spec()
     except (ValidationError, ValueError) as exc:
-        raise ApiError(422, "invalid_request", _first_error(exc)) from None
+        raise ApiError(422, "invalid_request", first_error(exc)) from None
     if not who.interactive and message_priority(opts.lane, opts.priority) < Lane.BATCH.base_priority:
         raise ApiError(403, "lane_forbidden", "this key may not use the interactive lane")
     if opts.callback_url:
         check_callback(opts.callback_url, api)
     return opts, spec
-
-
-def _first_error(exc: Exception) -> str:
-    if not isinstance(exc, ValidationError):
-        return str(exc)
-    first = exc.errors()[0]
-    where = ".".join(str(p) for p in first["loc"])
-    return f"{where}: {first['msg']}" if where else str(first["msg"])

@@ -13,7 +13,7 @@ from paperlane.producer.api.errors import ApiError, public
 from paperlane.producer.api.files import page_file
 from paperlane.producer.api.service import CallerDep, ServiceDep
 from paperlane.schemas import OutputFormat
-from paperlane.storage import ingests, views
+from paperlane.storage import status_reads, views
 from paperlane.storage.results import page_result
 
 router = APIRouter(prefix="/v1/pages", tags=["pages"])
@@ -27,7 +27,7 @@ def get_page(page_id: str, svc: ServiceDep, who: CallerDep,
                                           "result; alto, page (PAGE XML), hocr: the page alone in that format, "
                                           "once it is final")] = "json") -> dict[str, Any] | Response:
     """A page: its status and, once final, its result; or the page in ALTO, PAGE XML or hOCR."""
-    found = ingests.get_page(svc.db, page_id, tenant_id=who.tenant_id)
+    found = status_reads.get_page(svc.db, page_id, tenant_id=who.tenant_id)
     if format != "json":
         return page_file(svc, found, OutputFormat(format))
     result = None
@@ -40,7 +40,7 @@ def get_page(page_id: str, svc: ServiceDep, who: CallerDep,
 @router.get("/{page_id}/annotated")
 def get_annotated(page_id: str, svc: ServiceDep, who: CallerDep) -> Response:
     """The page's annotated image (its lines drawn on it)."""
-    found = ingests.get_page(svc.db, page_id, tenant_id=who.tenant_id)
+    found = status_reads.get_page(svc.db, page_id, tenant_id=who.tenant_id)
     key = found.job.annotated_key
     if not key:
         raise ApiError(404, "not_found", "this page has no annotated image")

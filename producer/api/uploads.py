@@ -26,7 +26,7 @@ from paperlane.producer import inputs
 from paperlane.producer.api.errors import ApiError, public
 from paperlane.producer.api.options import Options
 from paperlane.producer.api.service import Service
-from paperlane.producer.inputs import Document, Inflation, Skipped
+from paperlane.producer.input_items import Document, Inflation, Skipped, safe_name
 from paperlane.producer.submit import SubmittedPage, Submitter
 from paperlane.schemas import TaskSpec
 from paperlane.storage import ingests
@@ -71,7 +71,7 @@ def register(svc: Service, who: Caller, opts: Options, spec: TaskSpec, upload: U
     much), 429 (the tenant's pages in flight); nothing is registered then."""
     raw = (upload.filename or "upload").replace("\\", "/").rsplit("/", 1)[-1][:200]
     filename = re.sub(r"[\x00-\x1f\x7f]", "_", raw) or "upload"
-    source = f"upload/{inputs.safe_name(filename)}{_ext(filename)}"
+    source = f"upload/{safe_name(filename)}{_ext(filename)}"
     upload.file.seek(0, 2)
     size = upload.file.tell()
     upload.file.seek(0)

@@ -3,9 +3,10 @@
 A finished document's outputs are due from the transaction that finishes it (``documents.outputs``: pending,
 written, failed) and are retried until written: documents finished before this migration are ``written`` when
 their outputs exist and ``pending`` (due now) when they do not. The views ``page_status``, ``document_status``
-and ``ingest_status`` are built from ``paperlane.status`` (which this migration reads as it is now; a later
-change of vocabulary comes with a migration of its own): ``document_status`` adds ``outputs``, ``ingest_status``
-a ``status`` like the API's, and a document whose pages are running is ``running`` there as everywhere.
+and ``ingest_status`` speak ``paperlane.status``'s words and rules as they were when this migration was written,
+copied here (a migration must not change when the code does; a later change of vocabulary comes with a migration
+of its own): ``document_status`` adds ``outputs``, ``ingest_status`` a ``status`` like the API's, and a document
+whose pages are running is ``running`` there as everywhere.
 
 Revision ID: 0005
 Revises: 0004
@@ -19,18 +20,35 @@ import importlib
 import sqlalchemy as sa
 from alembic import op
 
-from paperlane.status import JobStatus, OutputsState, page_state_sql, rollup_sql
-
 revision = "0005"
 down_revision = "0004"
 branch_labels = None
 depends_on = None
 
 _TS = sa.DateTime(timezone=True)
-_DUE = f"outputs = '{OutputsState.PENDING.value}'"
+_DUE = "outputs = 'pending'"
 _VIEWS = ("ingest_status", "document_status", "page_status")
-_RUNNING = f"'{JobStatus.RUNNING.value}'"
+_RUNNING = "'running'"
 _VERSIONS = "paperlane.storage.migrations.versions"
+
+
+def page_state_sql(status: str, enqueued_at: str) -> str:
+    """A job's page state in SQL, as ``paperlane.status.page_state_sql`` wrote it then."""
+    return (f"CASE WHEN {status} = 'queued' AND {enqueued_at} IS NULL "
+            f"THEN 'unpublished' ELSE {status} END")
+
+
+def rollup_sql(*, total: str, succeeded: str, failed: str, running: str, registered: str | None = None) -> str:
+    """A document's or an ingest's state in SQL, as ``paperlane.status.rollup_sql`` wrote it then."""
+    final = f"""CASE WHEN {failed} = 0 THEN 'succeeded'
+                     WHEN {succeeded} = 0 THEN 'failed'
+                     ELSE 'partial' END"""
+    state = f"""CASE WHEN {succeeded} + {failed} >= {total} THEN {final}
+                     WHEN {running} > 0 OR {succeeded} + {failed} > 0 THEN 'running'
+                     ELSE 'queued' END"""
+    if registered is None:
+        return state
+    return f"CASE WHEN NOT ({registered}) THEN 'registering' ELSE {state} END"
 
 
 def upgrade() -> None:
@@ -43,8 +61,8 @@ def upgrade() -> None:
     op.add_column("documents", sa.Column("outputs_error", sa.Text))
     op.create_index("ix_documents_outputs_due", "documents", ["outputs_claimed_until"],
                     postgresql_where=sa.text(_DUE), sqlite_where=sa.text(_DUE))
-    op.execute(f"UPDATE documents SET outputs = '{OutputsState.WRITTEN.value}' WHERE json_key IS NOT NULL")
-    op.execute(f"UPDATE documents SET outputs = '{OutputsState.PENDING.value}' "
+    op.execute("UPDATE documents SET outputs = 'written' WHERE json_key IS NOT NULL")
+    op.execute("UPDATE documents SET outputs = 'pending' "
                "WHERE json_key IS NULL AND finished_at IS NOT NULL")
     _create_views(op.get_bind().dialect.name)
 

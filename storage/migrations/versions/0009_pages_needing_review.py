@@ -15,8 +15,6 @@ import importlib
 import sqlalchemy as sa
 from alembic import op
 
-from paperlane.status import JobStatus
-
 revision = "0009"
 down_revision = "0008"
 branch_labels = None
@@ -38,13 +36,13 @@ def upgrade() -> None:
     for table in ("documents", "ingests"):
         op.add_column(table, sa.Column("pages_review", sa.Integer, nullable=False, server_default="0"))
     _STATUS_VIEWS._create_views(op.get_bind().dialect.name, review=True)
-    op.execute(f"""
+    op.execute("""
         CREATE VIEW review_queue AS
         SELECT p.ingest_id, i.tenant_id, p.document_id, d.source, p.page_no, p.id AS page_id, p.job_id,
                j.review_flags AS flags, j.confidence, j.engine, j.result_key, j.annotated_key, j.finished_at
         FROM jobs j JOIN pages p ON p.job_id = j.id JOIN documents d ON d.id = p.document_id
              JOIN ingests i ON i.id = p.ingest_id
-        WHERE j.needs_review AND j.status = '{JobStatus.SUCCEEDED.value}'
+        WHERE j.needs_review AND j.status = 'succeeded'
     """)
 
 
