@@ -49,8 +49,8 @@ from paperlane.priority.messages import PageMessage
 from paperlane.priority.policy import LanePolicy
 from paperlane.priority.scheduler import LaneScheduler
 from paperlane.retry import Action, RetryPolicy
-from paperlane.settings import Settings
 from paperlane.schemas import Stage
+from paperlane.settings import Settings
 from paperlane.status import JobStatus
 from paperlane.storage.usage import EngineWork
 from paperlane.workers.answers import EngineAnswers
