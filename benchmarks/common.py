@@ -35,8 +35,7 @@ from PIL import Image, ImageDraw, ImageFont  # noqa: E402
 from sqlalchemy import func, select  # noqa: E402
 
 from paperlane.models.profiles import get_profile  # noqa: E402
-from paperlane.priority.broker import make_celery  # noqa: E402
-from paperlane.producer.submit import CeleryPublisher  # noqa: E402
+from paperlane.priority.broker import PagePublisher, make_celery  # noqa: E402
 from paperlane.settings import load_settings  # noqa: E402
 from paperlane.storage.db import Database  # noqa: E402
 from paperlane.storage.objects import ObjectStore, open_store  # noqa: E402
@@ -145,14 +144,14 @@ class Producer:
 
     db: Database
     store: ObjectStore
-    publisher: CeleryPublisher
+    publisher: PagePublisher
 
     @classmethod
     def open(cls, config: Path) -> Producer:
         settings = load_settings(config)
         db = Database(settings.database_url)
         db.upgrade()
-        return cls(db, open_store(settings), CeleryPublisher(make_celery(settings)))
+        return cls(db, open_store(settings), PagePublisher(make_celery(settings)))
 
 
 PAPERLANE = [sys.executable, "-m", "paperlane"]

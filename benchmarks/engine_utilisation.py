@@ -64,10 +64,10 @@ from common import (
 )
 from sqlalchemy import select
 
-from paperlane.priority.broker import make_celery
+from paperlane.priority.broker import PagePublisher, make_celery
 from paperlane.priority.lanes import Lane
 from paperlane.producer.input_items import Document
-from paperlane.producer.submit import CeleryPublisher, submit_documents
+from paperlane.producer.submit import submit_documents
 from paperlane.report import stage_report
 from paperlane.schemas import TaskSpec
 from paperlane.settings import load_settings
@@ -160,7 +160,7 @@ def run_worker(args: argparse.Namespace, root: Path, pages: Iterator[bytes], sim
         inputs = (Document(source=f"scan{i}.jpg", name=f"scan{i}", ext=".jpg", data=data, page_count=1)
                   for i, data in enumerate(pages))
         ids = [s.job_id for s in submit_documents(inputs, db=db, store=open_store(settings), spec=TaskSpec(),
-                                                  lane=Lane.BATCH, publisher=CeleryPublisher(make_celery(settings)))]
+                                                  lane=Lane.BATCH, publisher=PagePublisher(make_celery(settings)))]
         print(f"queued {len(ids)} A4 scans in {time.perf_counter() - t0:.1f}s (untimed)")
         worker = start_worker(config, root / "paperlane.log", sim.url)
         try:

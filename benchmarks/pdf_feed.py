@@ -51,10 +51,10 @@ from common import (
 )
 from PIL import Image
 
-from paperlane.priority.broker import make_celery
+from paperlane.priority.broker import PagePublisher, make_celery
 from paperlane.priority.lanes import Lane
 from paperlane.producer.input_items import Document
-from paperlane.producer.submit import CeleryPublisher, submit_documents
+from paperlane.producer.submit import submit_documents
 from paperlane.schemas import TaskSpec
 from paperlane.settings import load_settings
 from paperlane.storage.db import Database
@@ -235,7 +235,7 @@ def through_worker(args: argparse.Namespace, root: Path, svc: Services, inputs: 
                           page_count=pdf_pages(data) if name.endswith(".pdf") else 1)
                  for name, data in inputs.files.items())
     ids = [s.job_id for s in submit_documents(documents, db=db, store=open_store(settings), spec=TaskSpec(),
-                                              lane=Lane.BATCH, publisher=CeleryPublisher(make_celery(settings)))]
+                                              lane=Lane.BATCH, publisher=PagePublisher(make_celery(settings)))]
     sim = new_sim(args, root)
     log = root / "paperlane.log"
     try:

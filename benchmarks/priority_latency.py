@@ -38,10 +38,10 @@ from common import (
 )
 from sqlalchemy import func, select
 
-from paperlane.priority.broker import make_celery
+from paperlane.priority.broker import PagePublisher, make_celery
 from paperlane.priority.lanes import Lane
 from paperlane.producer.input_items import Document
-from paperlane.producer.submit import CeleryPublisher, submit_documents
+from paperlane.producer.submit import submit_documents
 from paperlane.schemas import TaskSpec
 from paperlane.settings import load_settings
 from paperlane.storage import jobs as jobstore
@@ -63,7 +63,7 @@ class Submitter:
         self.db = Database(settings.database_url)
         self.db.upgrade()
         self.store = open_store(settings)
-        self.publisher = CeleryPublisher(make_celery(settings))
+        self.publisher = PagePublisher(make_celery(settings))
         self.n = 0
         self.rows: list[JobRow] = []
 

@@ -32,10 +32,10 @@ from typing import Any
 from common import PAPERLANE, REPO, Services, small_page, stop, write_config
 from sqlalchemy import func, select
 
-from paperlane.priority.broker import make_celery
+from paperlane.priority.broker import PagePublisher, make_celery
 from paperlane.priority.lanes import Lane
 from paperlane.producer.input_items import Document
-from paperlane.producer.submit import CeleryPublisher, submit_documents
+from paperlane.producer.submit import submit_documents
 from paperlane.schemas import TaskSpec
 from paperlane.settings import load_settings
 from paperlane.storage.db import Database
@@ -90,7 +90,7 @@ def main() -> int:
             docs = [Document(source=f"r{i}.jpg", name=f"r{i}", ext=".jpg", data=small_page(i), page_count=1)
                     for i in range(args.pages)]
             submit_documents(docs, db=db, store=open_store(settings), spec=TaskSpec(), lane=Lane.BATCH,
-                             publisher=CeleryPublisher(make_celery(settings)))
+                             publisher=PagePublisher(make_celery(settings)))
             t0 = time.monotonic()
             workers = [start_worker(config, root / f"w{i}.log", sim.url) for i in range(2)]
             svc = chaos(svc, workers, config, root, sim.url, db, args, rng, t0, events)

@@ -9,11 +9,12 @@ One policy for every way a page goes back to its lane:
   the attempt not counted;
 - an attempt whose worker died or hung (its lease ran out, or its message came back with the job still running)
   counts as an attempt; once they are used up the page fails with ``lost_worker_reason``;
-- a message nothing could be recorded for (the database that counts attempts is down) waits as long as a last
-  retry would (``unrecorded_delay``) and comes back without counting an attempt.
+- a message nothing could be recorded for (the database that counts attempts is down) waits twice as long as a
+  page's last retry would (``unrecorded_delay``) and comes back without counting an attempt.
 
-The Celery task, the lease keeper, ``paperlane run``, the job store (which fails a page whose attempts all died
-with their worker) and the document outputs all ask this one object.
+The attempt runner (``workers.attempts``, for the Celery task and ``paperlane run``), the lease keeper, the job
+store (which fails a page whose attempts all died with their worker), the document outputs and the webhook
+deliveries (``storage.webhooks``: ``delay`` and ``exhausted``) all ask this one object.
 """
 
 from __future__ import annotations
@@ -60,8 +61,9 @@ class RetryPolicy:
         return self.backoff * 2 ** max(0, attempt - 1)
 
     def unrecorded_delay(self) -> float:
-        """Seconds a message waits when nothing about it could be recorded (the database is down): as long as
-        the last retry of a page waits."""
+        """Seconds a message waits when nothing about it could be recorded (the database is down): twice as long
+        as the last retry of a page waits (``delay(max_attempts - 1)``: the wait the doubling would give next), or
+        ``backoff`` when a page has no retry (``max_attempts`` 1)."""
         return self.delay(self.max_attempts)
 
     def exhausted(self, attempts: int) -> bool:

@@ -4,6 +4,9 @@ Settings verified on celery 5.6/kombu 5.7 with Redis 7: kombu's ``priority`` que
 makes message priority (0 first) dominate queue order on Redis; prefetch 1 and late acks keep
 reserved-but-not-started messages few, so priority still holds, and a killed worker's message is
 redelivered. A message on a lane that is not a page message is set aside, not taken (``priority.transport``).
+
+``PagePublisher`` is the one way a page (``priority.messages.PageMessage``) reaches its lane: the producer's
+registration, the worker's retry clock and the lease keeper's sweep (through the delayed set) all end in it.
 """
 
 from __future__ import annotations
@@ -11,10 +14,14 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
+from kombu.exceptions import OperationalError
 
+from paperlane.errors import StorageUnavailable
 from paperlane.priority import keys
 from paperlane.priority.fair import HEADER, Share
 from paperlane.priority.lanes import PRIORITY_STEPS, TASK_PROCESS_PAGE, Lane
+from paperlane.priority.messages import PageMessage
+from paperlane.schemas import Stage
 from paperlane.settings import Settings
 
 
@@ -64,3 +71,22 @@ def send_page(app: Celery, job_id: str, lane: Lane, message_priority: int, *, sh
     """
     app.send_task(TASK_PROCESS_PAGE, args=[job_id], queue=lane.queue, priority=message_priority, producer=producer,
                   headers={HEADER: (share or Share()).header()})
+
+
+class PagePublisher:
+    """Publishes pages, each on its lane's queue at its message priority, behind its fair share."""
+
+    def __init__(self, app: Celery, *, stage: Stage = Stage.UPLOAD) -> None:
+        self._app = app
+        self._stage = stage  # the stage a broker that cannot be reached is reported at
+
+    def publish(self, pages: list[PageMessage]) -> None:
+        """Hand ``pages`` to the workers, over one connection. Raises StorageUnavailable when the broker is
+        unreachable (the pages published before it are out)."""
+        try:
+            with self._app.producer_or_acquire() as producer:
+                for page in pages:
+                    send_page(self._app, page.job_id, page.lane, page.message_priority, share=page.share,
+                              producer=producer)
+        except OperationalError as exc:
+            raise StorageUnavailable(f"broker unreachable: {exc}", stage=self._stage.value) from exc

@@ -23,15 +23,13 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 import redis
 
 from paperlane.errors import StorageUnavailable
 from paperlane.priority import keys
-from paperlane.priority.fair import Share
-from paperlane.priority.lanes import Lane
+from paperlane.priority.messages import PageMessage
 
 T = TypeVar("T")
 
@@ -93,24 +91,6 @@ return out
 """
 
 
-@dataclass(frozen=True)
-class DelayedPage:
-    job_id: str
-    lane: Lane
-    message_priority: int
-    share: Share | None = None  # None: the default share (the command line's)
-
-    def member(self) -> str:
-        share = self.share.words() if self.share is not None else []
-        return " ".join([self.job_id, self.lane.value, str(self.message_priority), *share])
-
-    @classmethod
-    def parse(cls, member: str | bytes) -> DelayedPage:
-        """A member as ``member`` writes it (or without a share, as pages delayed before fair share were)."""
-        job_id, lane, priority, *share = (member.decode() if isinstance(member, bytes) else member).split(" ")
-        return cls(job_id, Lane(lane), int(priority), Share.of_words(share) if share else None)
-
-
 class DelayedPages:
     """The delayed set in Redis: add pages due later, claim and release those that are due."""
 
@@ -120,7 +100,7 @@ class DelayedPages:
         self._schedule = client.register_script(_SCHEDULE)
         self._claim = client.register_script(_CLAIM)
 
-    def add(self, page: DelayedPage, delay: float) -> None:
+    def add(self, page: PageMessage, delay: float) -> None:
         """Put ``page`` back on its lane after ``delay`` seconds. Raises StorageUnavailable."""
         try:
             self._schedule(keys=[keys.DELAYED], args=[page.member(), max(0.0, delay)])
@@ -128,12 +108,12 @@ class DelayedPages:
         except redis.RedisError as exc:
             raise StorageUnavailable(f"broker unreachable: {exc}", stage="inference") from exc
 
-    def claim_due(self, *, limit: int = 100) -> tuple[list[DelayedPage], float | None]:
+    def claim_due(self, *, limit: int = 100) -> tuple[list[PageMessage], float | None]:
         wait, *members = self._claim(keys=[keys.DELAYED, keys.RELEASING], args=[limit, self._stale_s])
         seconds = float(wait)
-        return [DelayedPage.parse(m) for m in members], (None if seconds < 0 else seconds)
+        return [PageMessage.parse(m) for m in members], (None if seconds < 0 else seconds)
 
-    def released(self, pages: list[DelayedPage]) -> None:
+    def released(self, pages: list[PageMessage]) -> None:
         if pages:
             self._redis.zrem(keys.RELEASING, *(p.member() for p in pages))
 

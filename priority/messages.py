@@ -10,6 +10,10 @@ The check accepts exactly what paperlane publishes in the fields kombu and Celer
 task runs (envelope, properties, the headers they interpret, the body): one job id, as the only
 positional argument or as ``job_id``; and, when present, the page's fair share (``priority.fair``: tenant,
 ingest, weights), whose names become parts of Redis keys. Whether that job exists is the task's to find out.
+
+``PageMessage`` is what such a message means: one page on its way to a worker, the one shape it has from its
+registration (``producer.submit``) through the lanes and the delayed set (``priority.delayed``) to the task that
+attempts it (``workers.worker``), published by the one ``broker.PagePublisher``.
 """
 
 from __future__ import annotations
@@ -23,8 +27,44 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from paperlane.errors import first_error
 from paperlane.priority import fair
-from paperlane.priority.lanes import PRIORITY_STEPS, TASK_PROCESS_PAGE
+from paperlane.priority.lanes import PRIORITY_STEPS, TASK_PROCESS_PAGE, Lane
 from paperlane.schemas import Weight
+
+
+class PageMessage(BaseModel):
+    """One page on its way to a worker: its job, the lane and message priority it waits at, and whose it is."""
+
+    model_config = ConfigDict(frozen=True)
+
+    job_id: str = Field(min_length=1, max_length=64)
+    lane: Lane
+    message_priority: int = Field(ge=PRIORITY_STEPS[0], le=PRIORITY_STEPS[-1])
+    share: fair.Share | None = None  # None: the default share (the command line's)
+
+    @classmethod
+    def received(cls, job_id: str, *, queue: str | None, priority: int | None,
+                 headers: dict[str, Any]) -> PageMessage:
+        """The message a task was handed: its routing key names the lane (batch for any other), a missing
+        priority is the lane's first, and a share the headers do not give (or give wrong) is None."""
+        lane = Lane.of_queue(queue) or Lane.BATCH
+        try:
+            share = page_share(headers) if headers.get(fair.HEADER) is not None else None
+        except BadMessage:
+            share = None
+        return cls(job_id=job_id, lane=lane, message_priority=lane.base_priority if priority is None else priority,
+                   share=share)
+
+    def member(self) -> str:
+        """The message as one member of the delayed set: words without spaces (ids are checked to have none)."""
+        share = self.share.words() if self.share is not None else []
+        return " ".join([self.job_id, self.lane.value, str(self.message_priority), *share])
+
+    @classmethod
+    def parse(cls, member: str | bytes) -> PageMessage:
+        """A member as ``member`` writes it (or without a share, as pages delayed before fair share were)."""
+        job_id, lane, priority, *share = (member.decode() if isinstance(member, bytes) else member).split(" ")
+        return cls(job_id=job_id, lane=Lane(lane), message_priority=int(priority),
+                   share=fair.Share.of_words(share) if share else None)
 
 
 class BadMessage(ValueError):

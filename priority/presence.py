@@ -16,9 +16,8 @@ from typing import Any
 import redis
 
 from paperlane.priority import fair, keys
-from paperlane.priority.delayed import DelayedPage
 from paperlane.priority.lanes import Lane, broker_keys
-from paperlane.priority.messages import BadMessage, page_job_id
+from paperlane.priority.messages import BadMessage, PageMessage, page_job_id
 
 # KEYS: unacked, unacked index, delayed, releasing, then each lane's tenants set; ARGV: the earliest delivery time
 # of an un-acked message that counts, the lists, then per lane its tenant and ingest prefixes. Returns {lane
@@ -72,7 +71,7 @@ def jobs_in_redis(client: redis.Redis, *, limit: int, unacked_since: float = 0.0
             continue
     for member in (*delayed, *releasing):
         try:
-            found.add(DelayedPage.parse(member).job_id)
+            found.add(PageMessage.parse(member).job_id)
         except ValueError:
             continue
     return found

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Protocol
 from paperlane.errors import InputError, OverBudget, public_reason
 from paperlane.priority.fair import Share
 from paperlane.priority.lanes import Lane, message_priority
+from paperlane.priority.messages import PageMessage
 from paperlane.producer.input_items import Document, Skipped
 from paperlane.schemas import Stage, TaskSpec, check_weight
 from paperlane.settings import IngestSettings
@@ -46,8 +47,8 @@ from paperlane.storage.db import Database, utcnow
 from paperlane.storage.ingests import NewDocument, NewPage
 from paperlane.storage.objects import ObjectStore, original_key, pack_key, ranged
 
-if TYPE_CHECKING:
-    from celery import Celery
+if TYPE_CHECKING:  # imports Celery: `paperlane run` publishes nothing and need not load it
+    from paperlane.priority.broker import PagePublisher
 
 log = logging.getLogger(__name__)
 
@@ -56,16 +57,6 @@ PACK_BELOW = 1 << 20  # originals smaller than this share a pack object
 PACK_BYTES = 8 << 20  # a pack is uploaded when it holds this much
 CHUNK_PAGES = 500  # pages registered per transaction
 IN_FLIGHT_BYTES = 256 << 20  # originals read and not yet uploaded
-
-
-@dataclass(frozen=True)
-class Work:
-    """A job to hand to the workers."""
-
-    job_id: str
-    lane: Lane
-    message_priority: int
-    share: Share | None = None  # whose page it is, for fair share (None: the command line's)
 
 
 class SubmitAction(str, Enum):
@@ -84,12 +75,6 @@ class PageBudget(Protocol):
 
     def release(self, pages: int) -> None:
         """Give back pages reserved and never registered."""
-        ...
-
-
-class Publisher(Protocol):
-    def publish(self, work: list[Work]) -> None:
-        """Hand the jobs to the workers. Raises StorageUnavailable when the broker is down."""
         ...
 
 
@@ -149,7 +134,7 @@ class Submitter:
     """Registers documents into one ingest; iterate ``submit`` to drive it."""
 
     def __init__(self, *, db: Database, store: ObjectStore, spec: TaskSpec, lane: Lane = Lane.BATCH,
-                 priority: int = 0, force: bool = False, publisher: Publisher | None = None,
+                 priority: int = 0, force: bool = False, publisher: PagePublisher | None = None,
                  limits: IngestSettings | None = None, resume: bool = True, chunk_pages: int = CHUNK_PAGES,
                  owner: ingests.Owner | None = None, uploads: ThreadPoolExecutor | None = None,
                  pages: PageBudget | None = None, weight: float = 1.0) -> None:
@@ -353,9 +338,12 @@ class Submitter:
             else:
                 actions[job_id] = (SubmitAction.EXISTS, status)
         if self.publisher is not None and publish:
-            self.publisher.publish([Work(j, self.lane, self.message_priority, self.share) for j in publish])
+            self.publisher.publish([self._message(j, self.lane, self.message_priority) for j in publish])
             jobstore.mark_enqueued(self.db, publish)
         return actions
+
+    def _message(self, job_id: str, lane: Lane, message_priority: int) -> PageMessage:
+        return PageMessage(job_id=job_id, lane=lane, message_priority=message_priority, share=self.share)
 
     def _publish_unpublished(self, ingest_id: str) -> None:
         """Jobs an interrupted submit registered and never published."""
@@ -364,34 +352,14 @@ class Submitter:
         work = ingests.unpublished_work(self.db, ingest_id)
         for i in range(0, len(work), self.chunk_pages):
             part = work[i:i + self.chunk_pages]
-            self.publisher.publish([Work(job_id, Lane(lane), msg_priority, self.share)
+            self.publisher.publish([self._message(job_id, Lane(lane), msg_priority)
                                     for job_id, lane, msg_priority in part])
             jobstore.mark_enqueued(self.db, [job_id for job_id, _, _ in part])
 
 
-class CeleryPublisher:
-    """Publishes jobs to their lane's queue with their message priority."""
-
-    def __init__(self, app: Celery) -> None:
-        self._app = app
-
-    def publish(self, work: list[Work]) -> None:
-        from kombu.exceptions import OperationalError
-
-        from paperlane.errors import StorageUnavailable
-        from paperlane.priority.broker import send_page
-
-        try:
-            with self._app.producer_or_acquire() as producer:
-                for w in work:
-                    send_page(self._app, w.job_id, w.lane, w.message_priority, share=w.share, producer=producer)
-        except OperationalError as exc:
-            raise StorageUnavailable(f"broker unreachable: {exc}", stage=Stage.UPLOAD.value) from exc
-
-
 def submit_documents(documents: Iterable[Document], *, db: Database, store: ObjectStore, spec: TaskSpec,
                      lane: Lane = Lane.BATCH, priority: int = 0, force: bool = False,
-                     publisher: Publisher | None = None, name: str | None = None,
+                     publisher: PagePublisher | None = None, name: str | None = None,
                      owner: ingests.Owner | None = None, weight: float = 1.0) -> list[SubmittedPage]:
     """Register ``documents`` as one new ingest and return their pages (for callers with a few documents)."""
     submitter = Submitter(db=db, store=store, spec=spec, lane=lane, priority=priority, force=force,

@@ -34,6 +34,7 @@ from anyio import to_thread
 
 from paperlane.errors import UsageError
 from paperlane.metrics import WEBHOOKS
+from paperlane.retry import RetryPolicy
 from paperlane.settings import ApiSettings
 from paperlane.storage import tenants, webhooks
 from paperlane.storage.db import Database, utcnow
@@ -173,6 +174,7 @@ class Dispatcher:
 
     def __init__(self, db: Database, settings: ApiSettings, *, poll: float = 0.5) -> None:
         self.db, self.settings, self.poll = db, settings, poll
+        self.retry = RetryPolicy(max_attempts=settings.webhook_attempts, backoff=settings.webhook_backoff)
         self._stop = asyncio.Event()
         self._changed = asyncio.Event()
         self._running: set[asyncio.Task[None]] = set()
@@ -240,8 +242,7 @@ class Dispatcher:
                 error = f"{type(exc).__name__}: {exc}"[:500]
             seconds = time.perf_counter() - started
             outcome = await to_thread.run_sync(lambda: webhooks.record(
-                self.db, delivery, status=status, error=error, seconds=seconds, now=utcnow(),
-                max_attempts=self.settings.webhook_attempts, backoff=self.settings.webhook_backoff))
+                self.db, delivery, status=status, error=error, seconds=seconds, now=utcnow(), policy=self.retry))
         except Exception:
             log.exception("webhook %s try %d: not recorded", delivery.id, delivery.attempt)
             return

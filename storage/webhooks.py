@@ -4,7 +4,8 @@ The change that finishes an ingest inserts its delivery in the same transaction 
 webhook is never lost nor sent for something that did not happen. Dispatchers (any API replica) claim
 due deliveries (``claim_due``: on PostgreSQL ``FOR UPDATE SKIP LOCKED``, then pushed a lease ahead so
 no other dispatcher takes them meanwhile), send them and ``record`` each try: delivered on a 2xx,
-otherwise retried with doubling backoff until the attempts run out.
+otherwise retried as the retry policy says (``paperlane.retry.RetryPolicy``: its doubling delays, given up once
+its attempts are exhausted).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
+from paperlane.retry import RetryPolicy
 from paperlane.status import PageState, rollup
 from paperlane.storage.db import Database
 from paperlane.storage.tables import DocumentRow, IngestRow, WebhookAttemptRow, WebhookDeliveryRow
@@ -55,8 +57,9 @@ def claim_due(db: Database, *, now: datetime, lease: float, limit: int = 20) -> 
 
 
 def record(db: Database, delivery: Delivery, *, status: int | None, error: str | None, seconds: float,
-           now: datetime, max_attempts: int, backoff: float) -> str:
-    """Record one try; returns "delivered", "retry" or "given up"."""
+           now: datetime, policy: RetryPolicy) -> str:
+    """Record one try; returns "delivered", "retry" (due again after ``policy``'s delay for this try) or "given up"
+    (``policy``'s attempts are exhausted)."""
     ok = status is not None and 200 <= status < 300
     with db.session() as s:
         s.add(WebhookAttemptRow(delivery_id=delivery.id, attempt=delivery.attempt, at=now, status=status,
@@ -67,10 +70,10 @@ def record(db: Database, delivery: Delivery, *, status: int | None, error: str |
         if ok:
             row.delivered_at = now
             return "delivered"
-        if delivery.attempt >= max_attempts:
+        if policy.exhausted(delivery.attempt):
             row.given_up_at = now
             return "given up"
-        row.next_at = now + timedelta(seconds=backoff * 2 ** (delivery.attempt - 1))
+        row.next_at = now + timedelta(seconds=policy.delay(delivery.attempt))
         return "retry"
 
 

@@ -13,11 +13,11 @@ import pytest
 import redis
 
 from paperlane.priority import keys
-from paperlane.priority.broker import make_celery
+from paperlane.priority.broker import PagePublisher, make_celery
 from paperlane.priority.fair import FairLanes, Share
 from paperlane.priority.lanes import Lane, broker_keys
 from paperlane.producer.input_items import Document
-from paperlane.producer.submit import CeleryPublisher, submit_documents
+from paperlane.producer.submit import submit_documents
 from paperlane.schemas import TaskSpec
 from paperlane.storage import ingests, tenants, usage
 from paperlane.storage import jobs as jobstore
@@ -199,7 +199,7 @@ def test_a_small_batch_behind_a_large_backlog_finishes_while_the_backlog_waits(
     stack = stack_factory(WORKER__SLOTS="8", ENGINE__MAX_IN_FLIGHT="4")
     db = Database(stack.settings.database_url)
     db.upgrade()
-    store, publisher = open_store(stack.settings), CeleryPublisher(make_celery(stack.settings))
+    store, publisher = open_store(stack.settings), PagePublisher(make_celery(stack.settings))
     archive = tenants.create_key(db, tenant="archive").tenant_id
     nightly = tenants.create_key(db, tenant="nightly").tenant_id
 

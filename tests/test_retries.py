@@ -12,8 +12,9 @@ import redis
 
 from paperlane.priority.broker import make_celery
 from paperlane.priority.connection import open_redis
-from paperlane.priority.delayed import DelayedPage, DelayedPages
+from paperlane.priority.delayed import DelayedPages
 from paperlane.priority.lanes import Lane, broker_keys
+from paperlane.priority.messages import PageMessage
 from paperlane.settings import RedisSettings, Settings
 from paperlane.workers.retry_clock import RetryClock
 from tests.conftest import until
@@ -28,7 +29,7 @@ def redis_url(redis_service: Service) -> Iterator[str]:
 
 def test_a_delayed_page_is_due_later_and_claimed_once(redis_url: str) -> None:
     a, b = DelayedPages(redis.Redis.from_url(redis_url)), DelayedPages(redis.Redis.from_url(redis_url))
-    page = DelayedPage("job-1", Lane.INTERACTIVE, 3)
+    page = PageMessage(job_id="job-1", lane=Lane.INTERACTIVE, message_priority=3)
     a.add(page, 0.4)
     pages, wait = a.claim_due()
     assert pages == [] and wait is not None and 0.2 < wait <= 0.4
@@ -42,23 +43,23 @@ def test_a_delayed_page_is_due_later_and_claimed_once(redis_url: str) -> None:
 
 def test_a_claim_whose_releaser_died_is_put_back(redis_url: str) -> None:
     dying = DelayedPages(redis.Redis.from_url(redis_url), stale_s=0.3)
-    dying.add(DelayedPage("job-2", Lane.BATCH, 7), 0)
+    dying.add(PageMessage(job_id="job-2", lane=Lane.BATCH, message_priority=7), 0)
     assert len(dying.claim_due()[0]) == 1  # ... and it never says released
     heir = DelayedPages(redis.Redis.from_url(redis_url), stale_s=0.3)
     pages, wait = heir.claim_due()
     assert pages == [] and wait is not None and wait <= 0.3
     time.sleep(wait + 0.05)
-    assert heir.claim_due()[0] == [DelayedPage("job-2", Lane.BATCH, 7)]
+    assert heir.claim_due()[0] == [PageMessage(job_id="job-2", lane=Lane.BATCH, message_priority=7)]
 
 
 def test_the_clock_puts_pages_back_on_their_lane_at_their_priority(redis_url: str) -> None:
     # Delayed by a worker that is gone: nobody was running a clock when they were added.
     gone = DelayedPages(redis.Redis.from_url(redis_url))
-    gone.add(DelayedPage("job-i", Lane.INTERACTIVE, 3), 0.2)
-    gone.add(DelayedPage("job-b", Lane.BATCH, 6), 0.0)
+    gone.add(PageMessage(job_id="job-i", lane=Lane.INTERACTIVE, message_priority=3), 0.2)
+    gone.add(PageMessage(job_id="job-b", lane=Lane.BATCH, message_priority=6), 0.0)
     app = make_celery(Settings(redis=RedisSettings(url=redis_url)))
 
-    def publish(pages: list[DelayedPage]) -> None:
+    def publish(pages: list[PageMessage]) -> None:
         from paperlane.priority.broker import send_page
 
         for p in pages:
@@ -75,7 +76,7 @@ def test_the_clock_puts_pages_back_on_their_lane_at_their_priority(redis_url: st
         assert message["headers"]["argsrepr"] == "['job-i']"
         # A page delayed while the clock sleeps wakes it (no polling): released about when due.
         t0 = time.monotonic()
-        DelayedPages(client).add(DelayedPage("job-late", Lane.BATCH, 5), 0.3)
+        DelayedPages(client).add(PageMessage(job_id="job-late", lane=Lane.BATCH, message_priority=5), 0.3)
         until(lambda: client.llen(broker_keys(Lane.BATCH)[5]) == 1, timeout=10, every=0.02)
         assert 0.25 < time.monotonic() - t0 < 5
         until(lambda: clock.released == 3, timeout=5, every=0.02)  # counted once its release is recorded

@@ -18,11 +18,11 @@ import redis
 from sqlalchemy import func, select
 
 from paperlane.priority import keys
-from paperlane.priority.broker import make_celery
-from paperlane.priority.delayed import DelayedPage
+from paperlane.priority.broker import PagePublisher, make_celery
 from paperlane.priority.lanes import Lane, broker_keys
+from paperlane.priority.messages import PageMessage
 from paperlane.producer.input_items import Document
-from paperlane.producer.submit import CeleryPublisher, submit_documents
+from paperlane.producer.submit import submit_documents
 from paperlane.schemas import TaskSpec
 from paperlane.storage import ingests, usage
 from paperlane.storage import jobs as jobstore
@@ -44,7 +44,7 @@ class Producer:
         self.db = Database(stack.settings.database_url)
         self.db.upgrade()
         self.store = open_store(stack.settings)
-        self.publisher = CeleryPublisher(make_celery(stack.settings))
+        self.publisher = PagePublisher(make_celery(stack.settings))
 
     def submit(self, numbers: range | list[int], lane: Lane, *, level: int = 0) -> list[str]:
         docs = (Document(source=f"{lane.value}-{i}.png", name=f"{lane.value}-{i}", ext=".png", data=tiny_page(i),
@@ -185,7 +185,7 @@ def test_retry_then_success_and_retry_exhausted(stack_factory: Callable[..., Sta
         time.sleep(0.05)
     # The retry waits in Redis with its lane, priority and fair share, not in the worker: kill the worker meanwhile.
     [member] = broker.zrange(keys.DELAYED, 0, -1)
-    delayed = DelayedPage.parse(member)
+    delayed = PageMessage.parse(member)
     assert (delayed.job_id, delayed.lane, delayed.message_priority) == (recovers, Lane.INTERACTIVE, 2)
     assert delayed.share is not None and delayed.share.ingest == producer.rows_ingest(recovers)
     assert (producer.rows([recovers])[recovers].error or "").startswith("retrying")

@@ -14,6 +14,7 @@ from alembic.migration import MigrationContext
 from paperlane.errors import OverBudget, UsageError
 from paperlane.producer.input_items import Document
 from paperlane.producer.submit import SubmittedPage, Submitter
+from paperlane.retry import RetryPolicy
 from paperlane.schemas import TaskSpec
 from paperlane.storage import ingests, tenants, webhooks
 from paperlane.storage import jobs as jobstore
@@ -84,13 +85,13 @@ def test_tenants_never_share_work_and_a_finished_ingest_queues_one_webhook(db: D
     body = webhooks.payload(db, delivery)
     assert (body["status"], body["succeeded"], body["failed"]) == ("partial", 1, 1)
     assert [d["pages"] for d in body["documents"]] == [2]
-    state = webhooks.record(db, delivery, status=500, error=None, seconds=0.01, now=utcnow(), max_attempts=3,
-                            backoff=10)
+    state = webhooks.record(db, delivery, status=500, error=None, seconds=0.01, now=utcnow(),
+                            policy=RetryPolicy(max_attempts=3, backoff=10))
     assert state == "retry" and webhooks.claim_due(db, now=utcnow(), lease=30) == []
     [again] = webhooks.claim_due(db, now=utcnow() + timedelta(seconds=11), lease=30)
     assert again.attempt == 2
-    assert webhooks.record(db, again, status=204, error=None, seconds=0.01, now=utcnow(), max_attempts=3,
-                           backoff=10) == "delivered"
+    assert webhooks.record(db, again, status=204, error=None, seconds=0.01, now=utcnow(),
+                           policy=RetryPolicy(max_attempts=3, backoff=10)) == "delivered"
     [(row, tries)] = webhooks.deliveries(db, ingest_id)
     assert row.delivered_at is not None and [t.status for t in tries] == [500, 204]
     # Its failed page redone (--force): the ingest is open again, then finishes again, and says so again.

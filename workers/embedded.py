@@ -3,8 +3,9 @@
 Pages are registered exactly as ``paperlane submit`` does (originals in the object store, rows
 in the database) and flow through the same pieces as on a worker: page slots on threads, the
 CPU pool preparing pages while the engine runs, the micro-batcher, the lane policy choosing what
-starts next, the same retry policy (its delayed pages kept in memory instead of Redis), the same
-recorded document outputs. Inputs are read lazily, so a run over millions of pages holds only a few
+starts next, the same attempt runner (``attempts.AttemptRunner``: claim, prepare, infer, post-process, store,
+settle by the retry policy; its delayed pages kept in memory instead of Redis), the same recorded document
+outputs. Inputs are read lazily, so a run over millions of pages holds only a few
 slots' worth in memory. Pages done earlier with the same content and task are not redone: their
 stored result is copied out.
 """
@@ -24,6 +25,7 @@ from paperlane.errors import PaperlaneError
 from paperlane.formats import Content, build, file_name, format_of, lookup
 from paperlane.priority.delayed import InMemoryDelayed
 from paperlane.priority.lanes import Lane
+from paperlane.priority.messages import PageMessage
 from paperlane.priority.policy import LanePolicy
 from paperlane.priority.scheduler import InMemoryLanes, LaneScheduler
 from paperlane.producer.input_items import Document, Skipped
@@ -32,9 +34,9 @@ from paperlane.retry import Action, RetryPolicy
 from paperlane.schemas import JobStatus, OutputFormat, PageResult, TaskSpec
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.results import document_content, page_result
-from paperlane.workers.attempts import Settled, settle
+from paperlane.workers.attempts import Attempt, AttemptRunner
 from paperlane.workers.outputs import Writer
-from paperlane.workers.pipeline import PageOutcome, Runtime, process_page
+from paperlane.workers.pipeline import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -165,10 +167,13 @@ class _Scheduler:
         self.waiting: InMemoryLanes[SubmittedPage] = InMemoryLanes()
         # No interactive page arrives from outside a run: batch pages may use every slot.
         self.lanes = LaneScheduler(LanePolicy(batch_share=rt.settings.worker.batch_share), self.waiting)
-        self.policy = RetryPolicy.of(rt.settings.worker)
+        # No crash-loop limit here: a page that kills this process stops the run where the user sees it, and an
+        # interrupted run (Ctrl-C) must not count against the pages it was working on. The run writes document
+        # outputs itself, once their pages are out (``_OutputWriter``).
+        self.runner = AttemptRunner(rt, RetryPolicy.of(rt.settings.worker), crash_limit=False)
         self.delayed: InMemoryDelayed[SubmittedPage] = InMemoryDelayed()  # retries due later
         self.sharing: dict[str, list[SubmittedPage]] = {}  # job id -> pages waiting for its attempt
-        self.done: queue.Queue[tuple[SubmittedPage, Future[_Attempt | None]]] = queue.Queue()
+        self.done: queue.Queue[tuple[SubmittedPage, Future[Attempt | None]]] = queue.Queue()
         self.exhausted = False
         self._due_in: float | None = None  # seconds until the next delayed page is due
 
@@ -182,7 +187,7 @@ class _Scheduler:
                 while in_flight < self.slots and (picked := self.waiting.take()) is not None:
                     lane, page = picked
                     self.lanes.started(lane)
-                    fut = slots.submit(self._start_and_settle, page.job_id)
+                    fut = slots.submit(self.runner.run, _message(page))
                     fut.add_done_callback(partial(self._done, page))
                     in_flight += 1
                 if in_flight == 0 and self.exhausted and not len(self.waiting) and not self.delayed.pending():
@@ -195,7 +200,7 @@ class _Scheduler:
                 self.lanes.finished(page.lane)
                 self._settled(page, fut.result())
 
-    def _done(self, page: SubmittedPage, fut: Future[_Attempt | None]) -> None:
+    def _done(self, page: SubmittedPage, fut: Future[Attempt | None]) -> None:
         self.done.put((page, fut))
 
     def _refill(self) -> None:
@@ -220,19 +225,9 @@ class _Scheduler:
             self.waiting.add(page.lane, page)
         self.delayed.released(due)
 
-    def _start_and_settle(self, job_id: str) -> _Attempt | None:
-        """One attempt at one job under the retry rules; None when it needs none (finished elsewhere)."""
-        # No crash-loop limit here: a page that kills this process stops the run where the user sees it,
-        # and an interrupted run (Ctrl-C) must not count against the pages it was working on.
-        started = jobstore.start_attempt(self.rt.db, job_id, policy=None)
-        if started is None:
-            return None
-        outcome = process_page(self.rt, started)
-        return _Attempt(outcome, settle(self.rt.db, outcome, self.policy))
-
-    def _settled(self, page: SubmittedPage, attempt: _Attempt | None) -> None:
-        if attempt is not None and attempt.settled.decision.action is Action.RETRY:
-            self.delayed.add(page, attempt.settled.decision.delay)
+    def _settled(self, page: SubmittedPage, attempt: Attempt | None) -> None:
+        if attempt is not None and attempt.decision.action is Action.RETRY:
+            self.delayed.add(page, attempt.decision.delay)
             return
         if attempt is None:  # finished without an attempt here: report what the row says
             result, image = _stored(self.rt, page)
@@ -243,10 +238,9 @@ class _Scheduler:
             self.emit(other, result, image)
 
 
-@dataclass
-class _Attempt:
-    outcome: PageOutcome
-    settled: Settled
+def _message(page: SubmittedPage) -> PageMessage:
+    """The page as a worker would be handed it (a run's pages are the command line's: the default share)."""
+    return PageMessage(job_id=page.job_id, lane=page.lane, message_priority=page.lane.base_priority)
 
 
 def _stored(rt: Runtime, page: SubmittedPage) -> tuple[PageResult, bytes | None]:

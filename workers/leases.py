@@ -22,9 +22,10 @@ from datetime import datetime, timedelta
 import redis
 
 from paperlane.errors import StorageUnavailable
-from paperlane.priority.delayed import DelayedPage, DelayedPages
+from paperlane.priority.delayed import DelayedPages
 from paperlane.priority.fair import FairLanes, Share
 from paperlane.priority.lanes import Lane
+from paperlane.priority.messages import PageMessage
 from paperlane.priority.presence import jobs_in_redis
 from paperlane.retry import RetryPolicy
 from paperlane.settings import WorkerSettings
@@ -134,5 +135,6 @@ class LeaseKeeper:
         for job_id, lane, message_priority in pages:
             o = owned.get(job_id)
             share = Share.of(o.tenant_id, o.ingest_id, o.tenant_weight, o.ingest_weight) if o else None
-            self.delayed.add(DelayedPage(job_id, Lane(lane), message_priority, share), 0)
+            page = PageMessage(job_id=job_id, lane=Lane(lane), message_priority=message_priority, share=share)
+            self.delayed.add(page, 0)
         jobstore.mark_enqueued(self.db, [job_id for job_id, _, _ in pages])

@@ -1,13 +1,12 @@
 """One page through the pipeline: preprocess -> engine (in a micro-batch) -> post-process -> store.
 
-The same code serves the Celery worker and the embedded ``paperlane run``: each page in
-progress runs ``process_page`` on its own task slot; the CPU pool prepares it while earlier pages
-are in the engine, and the ``MicroBatcher`` gathers the slots' prepared pages into batches. This
-function is ONE attempt: it writes a success (objects, then rows) and returns every outcome; what
-follows it is the retry policy's to say (``paperlane.retry``, applied by ``workers.attempts``). Whatever
-happens to a page, in the pool, the
-engine, post-processing or storing, becomes its failed outcome, and the batcher's count of pages on
-their way is balanced on every path.
+The same code serves the Celery worker and the embedded ``paperlane run``: each page in progress runs
+``process_page`` on its own task slot; the CPU pool prepares it while earlier pages are in the engine, and the
+``MicroBatcher`` gathers the slots' prepared pages into batches. This function is the middle of ONE attempt
+(``workers.attempts.AttemptRunner`` claims the page before it and settles it after): it writes a success
+(``store_result``: objects, then rows) and returns every outcome; what follows it is the retry policy's to say.
+Whatever happens to a page, in the pool, the engine, post-processing or storing, becomes its failed outcome, and
+the batcher's count of pages on their way is balanced on every path.
 """
 
 from __future__ import annotations
@@ -206,8 +205,16 @@ def _finish(rt: Runtime, job: JobRow, spec: TaskSpec, page: PreparedPage, output
     result = build_result(job_id=job.id, source=job.source, page=job.page, spec=spec, output=output,
                           image=page.image, size=(page.width, page.height), engine=rt.engine.info,
                           layout=rt.settings.layout)
+    timings[Stage.POSTPROCESS.value] = time.perf_counter() - t0
+    return store_result(rt, job, result, page, timings)
+
+
+def store_result(rt: Runtime, job: JobRow, result: PageResult, page: PreparedPage,
+                 timings: dict[str, float]) -> PageOutcome:
+    """The store step of an attempt: the annotated image drawn and stored, the result's JSON stored, then its rows
+    (objects first: a row never points at an object that is not there). The seam where drawing and serialising
+    can move off the process that feeds the engine. Raises what the store or the database raise."""
     t1 = time.perf_counter()
-    timings[Stage.POSTPROCESS.value] = t1 - t0
     fmt = rt.settings.worker.annotated_format
     image_key, image = None, None
     if page.preview is not None:

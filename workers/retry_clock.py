@@ -18,11 +18,12 @@ from collections.abc import Callable
 import redis
 
 from paperlane.priority import keys
-from paperlane.priority.delayed import DelayedPage, DelayedPages
+from paperlane.priority.delayed import DelayedPages
+from paperlane.priority.messages import PageMessage
 
 log = logging.getLogger(__name__)
 
-Publish = Callable[[list[DelayedPage]], None]
+Publish = Callable[[list[PageMessage]], None]  # ``priority.broker.PagePublisher.publish``
 _WAKE = 2.0  # seconds between looks at the stop flag while nothing is due (no Redis command)
 
 

@@ -15,11 +15,11 @@ in one order, by one Celery bootstep, and closed in the reverse order once the l
     metrics     the /metrics server, and the per-tenant series' labels       last
 
 The flow of one page: Redis hands its message to the consumer (its lane's fair share picked it: ``priority.fair``;
-the message says whose page it is); the lane gate counts it as started; the task
-(``process_page``) starts an attempt under a lease (``jobs.start_attempt``), runs it through the pipeline
-(``pipeline.process_page``: fetch and prepare on the CPU pool, the engine in a micro-batch, post-process, store),
-settles it with the retry policy (``attempts.settle``: done, retried through the delayed set, failed, or handed
-back, behind the same tenant and ingest), and writes the outputs of any document it finished (``outputs.Writer``).
+the message says whose page it is); the lane gate counts it as started; the task (``process_page``) reads it into
+a ``PageMessage`` and hands it to the attempt runner (``attempts.AttemptRunner``, the same one ``paperlane run``
+uses: claim under a lease, prepare, infer, post-process, store, settle by the retry policy, write the outputs of
+any document it finished). What is left here is the worker's: a retried or handed-back page goes to the delayed
+set (behind the same tenant and ingest), an unknown job to the dead letters, and the tenant's series are counted.
 """
 
 from __future__ import annotations
@@ -39,27 +39,27 @@ from celery.worker import state as celery_state
 from paperlane.errors import JobNotFound, StorageUnavailable, UsageError
 from paperlane.models.engine import Engine
 from paperlane.models.factory import build_engine
-from paperlane.priority.broker import make_celery, send_page
+from paperlane.priority.broker import PagePublisher, make_celery
 from paperlane.priority.connection import open_redis
 from paperlane.priority.deadletter import DeadLetters
-from paperlane.priority.delayed import DelayedPage, DelayedPages
-from paperlane.priority.fair import HEADER, FairLanes, Share
+from paperlane.priority.delayed import DelayedPages
+from paperlane.priority.fair import HEADER, FairLanes
 from paperlane.priority.lanes import TASK_PROCESS_PAGE, Lane
-from paperlane.priority.messages import BadMessage, page_share
+from paperlane.priority.messages import PageMessage
 from paperlane.priority.policy import LanePolicy
 from paperlane.priority.scheduler import LaneScheduler
 from paperlane.retry import Action, RetryPolicy
+from paperlane.schemas import Stage
 from paperlane.settings import Settings
 from paperlane.status import JobStatus
-from paperlane.storage import jobs as jobstore
 from paperlane.storage.usage import EngineWork
 from paperlane.workers.answers import EngineAnswers
-from paperlane.workers.attempts import settle
+from paperlane.workers.attempts import Attempt, AttemptRunner
 from paperlane.workers.exporter import MetricsServer, TenantSeries
 from paperlane.workers.lane_gate import ConsumerLanes, LaneGate
 from paperlane.workers.leases import LeaseKeeper
 from paperlane.workers.outputs import OutputsSweep, Writer
-from paperlane.workers.pipeline import Runtime, Slots, process_page
+from paperlane.workers.pipeline import Runtime, Slots
 from paperlane.workers.retry_clock import RetryClock
 from paperlane.workers.shutdown import GracefulStop
 
@@ -93,7 +93,8 @@ class Worker:
             stack.callback(self.runtime.close)
             self.delayed = DelayedPages(self.redis)
             self.letters = DeadLetters(self.redis)
-            self.clock = _started(stack, RetryClock(self.redis, self.delayed, self._publish))
+            publisher = PagePublisher(self.app, stage=Stage.QUEUE_WAIT)
+            self.clock = _started(stack, RetryClock(self.redis, self.delayed, publisher.publish))
             fair = self.settings.fair_share
             self.leases = _started(stack, LeaseKeeper(self.runtime.db, self.delayed, self.redis, cfg, self.policy,
                                                       worker=self.name, fair=FairLanes(self.redis, buffer=fair.buffer),
@@ -101,6 +102,8 @@ class Worker:
             self.writer = Writer(self.runtime.db, self.runtime.store, self.policy, hold=cfg.page_timeout,
                                  max_pixels=cfg.max_image_pixels, formats=cfg.output_formats)
             _started(stack, OutputsSweep(self.writer, every=cfg.lease / 3))
+            self.runner = AttemptRunner(self.runtime, self.policy, worker=self.name, lease=cfg.lease,
+                                        leases=self.leases, outputs=self.writer)
             # The batch limit keeps slots free for interactive pages; a worker that serves no interactive lane
             # needs none.
             limit = self.slots.batch if Lane.INTERACTIVE in self.lanes else None
@@ -116,12 +119,6 @@ class Worker:
         """Close every part, the last opened first."""
         self._stack.close()
 
-    def _publish(self, pages: list[DelayedPage]) -> None:
-        with self.app.producer_or_acquire() as producer:
-            for page in pages:
-                send_page(self.app, page.job_id, page.lane, page.message_priority, share=page.share,
-                          producer=producer)
-
     # -- the task ------------------------------------------------------------------------------------
 
     def _register(self) -> None:
@@ -129,60 +126,49 @@ class Worker:
 
         @self.app.task(name=TASK_PROCESS_PAGE, bind=True, acks_late=True)
         def process_page_task(self: Task, job_id: str) -> str:
-            lane = _lane_of(self)
+            page = _message_of(self, str(job_id))
             try:
-                return worker.handle(str(job_id), lane, self.request.delivery_info or {}, share=_share_of(self))
+                return worker.handle(page)
             finally:
-                worker.scheduler.finished(lane)
+                worker.scheduler.finished(page.lane)
 
         self.app.steps["worker"].add(_parts_step(self))
         self.app.steps["consumer"].add(_gate_step(self))
 
-    def handle(self, job_id: str, lane: Lane, delivery: dict[str, Any], *, share: Share | None = None) -> str:
+    def handle(self, page: PageMessage) -> str:
         """One message: attempt its page and settle it (done, failed, or back on its lane later, behind the same
-        ``share``)."""
+        share); the action taken, or "unknown" (no such job) or "duplicate" (nothing to do)."""
         try:
-            return self._start_and_settle(job_id, lane, share)
+            attempt = self.runner.run(page)
+        except JobNotFound as exc:
+            message = json.dumps({"task": TASK_PROCESS_PAGE, "args": [page.job_id]})
+            self.letters.add(message, reason=str(exc), queue=page.lane.queue)
+            return "unknown"
         except StorageUnavailable as exc:
             # The database is unreachable: nothing about the page can be recorded, so the whole message goes
             # back to its lane later, its attempt not counted (processing a page twice is harmless).
             delay = self.policy.unrecorded_delay()
-            priority = delivery.get("priority")
-            self._delay(DelayedPage(job_id, lane, lane.base_priority if priority is None else int(priority), share),
-                        delay)
-            log.warning("job %s: %s; back on its lane in %.0fs", job_id, exc, delay)
+            self._delay(page, delay)
+            log.warning("job %s: %s; back on its lane in %.0fs", page.job_id, exc, delay)
             return Action.RETRY.value
-
-    def _start_and_settle(self, job_id: str, lane: Lane, share: Share | None) -> str:
-        rt, cfg = self.runtime, self.settings.worker
-        try:
-            job = jobstore.start_attempt(rt.db, job_id, policy=self.policy, worker=self.name, lease=cfg.lease)
-        except JobNotFound as exc:
-            message = json.dumps({"task": TASK_PROCESS_PAGE, "args": [job_id]})
-            self.letters.add(message, reason=str(exc), queue=lane.queue)
-            return "unknown"
-        if job is None:  # final already (a redelivery), or another worker holds it under a live lease
-            log.info("job %s not started: final, or held under a live lease", job_id)
+        if attempt is None:  # final already (a redelivery), or another worker holds it under a live lease
             return "duplicate"
-        self.leases.hold(job.id)
-        try:
-            outcome = process_page(rt, job)
-            settled = settle(rt.db, outcome, self.policy)
-        finally:
-            self.leases.release(job.id)
-        decision = settled.decision
+        return self._followed(page, attempt)
+
+    def _followed(self, page: PageMessage, attempt: Attempt) -> str:
+        """What follows an attempt on a worker: its tenant's series counted; a retried or handed-back page (its
+        worker is stopping: due now) on its lane again, at the job's own lane and priority, behind its share."""
+        decision, outcome, job = attempt.decision, attempt.outcome, attempt.outcome.job
+        tenant = page.share.tenant if page.share else None
         if decision.action in (Action.DONE, Action.FAILED):
             status = JobStatus.SUCCEEDED if decision.action is Action.DONE else JobStatus.FAILED
-            self.tenants.count(share.tenant if share else None, status.value,
-                               EngineWork.of(outcome.result, outcome.timings))
-        if decision.action in (Action.RETRY, Action.HANDED_BACK):  # handed back: its worker is stopping, due now
-            self._delay(DelayedPage(job.id, Lane(job.lane), job.message_priority, share), decision.delay)
-        stored = {job.id: outcome.result} if decision.action is Action.DONE else None
-        for document_id in settled.outputs_due:
-            self.writer.write(document_id, known=stored)
+            self.tenants.count(tenant, status.value, EngineWork.of(outcome.result, outcome.timings))
+        if decision.action in (Action.RETRY, Action.HANDED_BACK):
+            self._delay(PageMessage(job_id=job.id, lane=Lane(job.lane), message_priority=job.message_priority,
+                                    share=page.share), decision.delay)
         return decision.action.value
 
-    def _delay(self, page: DelayedPage, delay: float) -> None:
+    def _delay(self, page: PageMessage, delay: float) -> None:
         try:
             self.delayed.add(page, delay)
         except StorageUnavailable as exc:  # Redis is down too: hand the message back as it is
@@ -203,18 +189,14 @@ def _started(stack: ExitStack, part: Any) -> Any:
     return part
 
 
-def _share_of(task: Task) -> Share | None:
-    """The fair share the message's headers carry (Celery gives a message's headers as the request's attributes)."""
-    value = getattr(task.request, HEADER, None)
-    try:
-        return page_share({HEADER: value}) if value is not None else None
-    except BadMessage:
-        return None
-
-
-def _lane_of(task: Task) -> Lane:
-    queue = (task.request.delivery_info or {}).get("routing_key")
-    return Lane.of_queue(queue) or Lane.BATCH
+def _message_of(task: Task, job_id: str) -> PageMessage:
+    """The page a task was handed: the lane its routing key names, its message priority and the fair share its
+    headers carry (Celery gives a message's headers as the request's attributes)."""
+    delivery = task.request.delivery_info or {}
+    priority = delivery.get("priority")
+    return PageMessage.received(job_id, queue=delivery.get("routing_key"),
+                                priority=None if priority is None else int(priority),
+                                headers={HEADER: getattr(task.request, HEADER, None)})
 
 
 def _parts_step(worker: Worker) -> type[bootsteps.StartStopStep]:

@@ -31,10 +31,10 @@ def submit(
     """Register an ingest: upload its documents, one job per page, queue them; print one job id per page.
 
     Submitting the same paths again after an interruption resumes that ingest."""
-    from paperlane.priority.broker import make_celery
+    from paperlane.priority.broker import PagePublisher, make_celery
     from paperlane.producer.input_items import Skipped
     from paperlane.producer.inputs import check_paths, expand
-    from paperlane.producer.submit import CeleryPublisher, Submitter
+    from paperlane.producer.submit import Submitter
     from paperlane.storage.db import Database
     from paperlane.storage.objects import open_store
 
@@ -46,7 +46,7 @@ def submit(
     db.upgrade()
     store = open_store(settings)
     submitter = Submitter(db=db, store=store, spec=spec, lane=lane, priority=priority, force=force,
-                          publisher=CeleryPublisher(make_celery(settings)), limits=settings.ingest, weight=weight)
+                          publisher=PagePublisher(make_celery(settings)), limits=settings.ingest, weight=weight)
     sources = [p if p.startswith("s3://") else str(Path(p).resolve()) for p in paths]
     items = expand(paths, settings.ingest, s3=_s3_client(settings) if len(local) < len(paths) else None)
     with _progress(enabled=err.is_terminal) as bar, _resumable(submitter):

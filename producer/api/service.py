@@ -27,12 +27,11 @@ from anyio import CapacityLimiter, to_thread
 from fastapi import Depends, Request
 
 from paperlane.errors import UsageError
-from paperlane.priority.broker import make_celery
+from paperlane.priority.broker import PagePublisher, make_celery
 from paperlane.priority.connection import open_redis
 from paperlane.priority.fair import FairLanes
 from paperlane.producer.api.errors import ApiError
 from paperlane.producer.api.limits import Limits
-from paperlane.producer.submit import CeleryPublisher
 from paperlane.settings import Settings
 from paperlane.storage import usage
 from paperlane.storage.db import Database, utcnow
@@ -50,7 +49,7 @@ class Service:
     settings: Settings
     db: Database
     store: ObjectStore
-    publisher: CeleryPublisher
+    publisher: PagePublisher
     redis: redis.Redis
     limits: Limits
     registration: CapacityLimiter
@@ -69,7 +68,7 @@ class Service:
         api = settings.api
         db = Database(settings.database_url, pool_size=settings.database.pool_size)
         client = open_redis(settings.redis)
-        return cls(settings, db, open_store(settings), CeleryPublisher(make_celery(settings)), client, Limits(client),
+        return cls(settings, db, open_store(settings), PagePublisher(make_celery(settings)), client, Limits(client),
                    registration=CapacityLimiter(api.register_threads), streams=CapacityLimiter(api.stream_threads),
                    dns=ThreadPoolExecutor(api.webhook_concurrency, thread_name_prefix="dns"),
                    ingests=ThreadPoolExecutor(api.ingest_threads, thread_name_prefix="ingest"))

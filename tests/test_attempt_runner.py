@@ -1,0 +1,102 @@
+"""The one attempt runner (``workers.attempts.AttemptRunner``) that the Celery task and ``paperlane run`` share:
+claim, hold the lease, prepare, infer, post-process, store, settle by the retry policy, write what is due."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from paperlane.errors import JobNotFound
+from paperlane.priority.lanes import Lane
+from paperlane.priority.messages import PageMessage
+from paperlane.producer.submit import SubmittedPage, submit_documents
+from paperlane.retry import Action, RetryPolicy
+from paperlane.schemas import OutputFormat, TaskSpec
+from paperlane.storage import jobs as jobstore
+from paperlane.storage.objects import document_key
+from paperlane.workers.attempts import AttemptRunner
+from paperlane.workers.outputs import Writer
+from paperlane.workers.pipeline import Runtime
+from tests.test_retry_path import FlakyEngine, pages, runtime_factory  # noqa: F401 (a fixture)
+
+
+class Held:
+    """A lease keeper that remembers what it was asked to hold, and what it holds now."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.now: set[str] = set()
+
+    def hold(self, job_id: str) -> None:
+        self.asked.append(job_id)
+        self.now.add(job_id)
+
+    def release(self, job_id: str) -> None:
+        self.now.discard(job_id)
+
+
+def _registered(rt: Runtime) -> SubmittedPage:
+    [page] = submit_documents(pages(1), db=rt.db, store=rt.store, spec=TaskSpec())
+    return page
+
+
+def _message(page: SubmittedPage) -> PageMessage:
+    return PageMessage(job_id=page.job_id, lane=page.lane, message_priority=page.lane.base_priority)
+
+
+def _writer(rt: Runtime, policy: RetryPolicy) -> Writer:
+    cfg = rt.settings.worker
+    return Writer(rt.db, rt.store, policy, hold=cfg.page_timeout, max_pixels=cfg.max_image_pixels,
+                  formats=cfg.output_formats)
+
+
+def test_an_attempt_is_claimed_held_stored_settled_and_its_document_written(runtime_factory) -> None:  # noqa: F811
+    engine = FlakyEngine()
+    rt = runtime_factory(engine)
+    policy, held = RetryPolicy.of(rt.settings.worker), Held()
+    runner = AttemptRunner(rt, policy, worker="w1", lease=30, leases=held, outputs=_writer(rt, policy))
+    page = _registered(rt)
+    with pytest.raises(JobNotFound):
+        runner.run(PageMessage(job_id="no-such-job", lane=Lane.BATCH, message_priority=5))
+
+    attempt = runner.run(_message(page))
+    assert attempt is not None and attempt.decision.action is Action.DONE
+    assert attempt.settled.outputs_due == (page.document_id,)
+    assert held.asked == [page.job_id] and held.now == set()  # held while it ran, released after
+    [row] = jobstore.get_jobs(rt.db, [page.job_id])
+    assert (row.status, row.attempts, row.worker) == ("succeeded", 1, "w1")
+    assert b"hello" in rt.store.get(document_key(page.document_id, OutputFormat.MD))
+    # A redelivered message: nothing to do, no second engine call.
+    assert runner.run(_message(page)) is None
+    assert engine.calls == 1 and held.asked == [page.job_id]
+
+
+def test_a_retryable_failure_is_settled_as_a_retry_after_the_policys_delay(runtime_factory) -> None:  # noqa: F811
+    engine = FlakyEngine(down_for=1)
+    rt = runtime_factory(engine, WORKER__MAX_ATTEMPTS="3", WORKER__RETRY_BACKOFF="7")
+    policy = RetryPolicy.of(rt.settings.worker)
+    runner = AttemptRunner(rt, policy, crash_limit=False)
+    page = _registered(rt)
+
+    first = runner.run(_message(page))
+    assert first is not None and first.decision.action is Action.RETRY
+    assert first.decision.delay == policy.delay(1) == 7 and first.decision.reason == "engine unreachable (stub)"
+    [row] = jobstore.get_jobs(rt.db, [page.job_id])
+    assert (row.status, row.attempts) == ("queued", 1)
+    assert first.settled.outputs_due == ()  # the document is not finished
+
+    second = runner.run(_message(page))
+    assert second is not None and second.decision.action is Action.DONE and engine.calls == 2
+    assert rt.batcher.expected == 0
+
+
+def test_the_worker_and_paperlane_run_share_the_runner() -> None:
+    """Both runtimes hand their pages to an AttemptRunner: neither claims nor settles a page itself."""
+    import paperlane.workers.embedded as embedded
+    import paperlane.workers.worker as worker
+
+    for module in (worker, embedded):
+        source = Path(module.__file__ or "").read_text()
+        assert "AttemptRunner(" in source
+        assert "start_attempt(" not in source and "settle(" not in source and "process_page(" not in source
