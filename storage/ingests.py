@@ -39,12 +39,12 @@ from paperlane.storage.tables import DocumentRow, IngestFailureRow, IngestRow, J
 from paperlane.storage.tables import unpublished as unpublished_jobs
 
 _NAMESPACE = uuid.UUID("6a0b3c8e-3f0e-4f43-9d55-70617065726c")
-_INGESTS: Table = IngestRow.__table__  # type: ignore[assignment]
-_DOCUMENTS: Table = DocumentRow.__table__  # type: ignore[assignment]
-_PAGES: Table = PageRow.__table__  # type: ignore[assignment]
-_JOBS: Table = JobRow.__table__  # type: ignore[assignment]
-_FAILURES: Table = IngestFailureRow.__table__  # type: ignore[assignment]
-_TENANTS: Table = TenantRow.__table__  # type: ignore[assignment]
+_INGESTS: Table = IngestRow.__table__
+_DOCUMENTS: Table = DocumentRow.__table__
+_PAGES: Table = PageRow.__table__
+_JOBS: Table = JobRow.__table__
+_FAILURES: Table = IngestFailureRow.__table__
+_TENANTS: Table = TenantRow.__table__
 
 
 def document_id_for(ingest_id: str, source: str) -> str:
@@ -421,7 +421,7 @@ def get_page(db: Database, page_id: str, *, tenant_id: str | None = None) -> Pag
 def document_pages(db: Database, document_id: str) -> list[tuple[PageRow, JobRow]]:
     """The document's pages in order, each with its job."""
     with db.session() as s:
-        return [tuple(r) for r in s.execute(  # type: ignore[misc]
+        return [tuple(r) for r in s.execute(
             select(PageRow, JobRow).join(JobRow, JobRow.id == PageRow.job_id)
             .where(PageRow.document_id == document_id).order_by(PageRow.page_no))]
 
