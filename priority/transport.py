@@ -83,6 +83,7 @@ class _PrefixedLaneCheckingRedis(_LaneChecking, kombu_redis.PrefixedStrictRedis)
 class Channel(kombu_redis.Channel):
     fair_share = True
     fair_buffer = 4
+    # kombu types the attribute as its own tuple's exact shape; two more options make it longer.
     from_transport_options = (*kombu_redis.Channel.from_transport_options, "fair_share", "fair_buffer")  # type: ignore[assignment]
     # A batch would buffer kombu's LPUSH commands; a lane message runs a script instead (published one by one).
     supports_batch_publish = False
