@@ -139,5 +139,6 @@ def with_prefix(client: redis.Redis, prefix: str) -> redis.Redis:
     if not prefix:
         return client
     prefixed = KeyPrefixedRedis(connection_pool=client.connection_pool, key_prefix=prefix)
-    prefixed.auto_close_connection_pool = client.auto_close_connection_pool
+    # The pool passes to the new client: the old one, dropped, would close it when collected.
+    prefixed.auto_close_connection_pool, client.auto_close_connection_pool = client.auto_close_connection_pool, False
     return prefixed
