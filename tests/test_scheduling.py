@@ -249,5 +249,6 @@ def test_redis_work_grows_with_pages_not_with_time(stack_factory: Callable[..., 
     # Still a plain Celery worker: remote control answers (what `celery inspect` and Flower use).
     ping = subprocess.run([sys.executable, "-m", "celery", "-A", "paperlane.priority.celery_app", "inspect", "ping",
                            "-t", "5"], capture_output=True, text=True, timeout=60,
-                          env={**stack.env(), "PAPERLANE_REDIS__URL": stack.settings.redis.url}, cwd=stack.root)
+                          env={**stack.env(), "PAPERLANE_REDIS__URL": stack.settings.redis.url,
+                               "PAPERLANE_REDIS__KEY_PREFIX": stack.settings.redis.key_prefix}, cwd=stack.root)
     assert ping.returncode == 0 and "w1@test" in ping.stdout and "pong" in ping.stdout, ping.stdout + ping.stderr
