@@ -272,7 +272,7 @@ def wait_until(condition: Callable[[], bool], *, timeout: float = 1800) -> None:
 
 
 def new_sim(args: argparse.Namespace, root: Path) -> SimEngine:
-    # Served as the README's `vllm serve` command: priority scheduling, so the client's priorities are accepted.
+    # Served as docs/engines.md's `vllm serve` command: priority scheduling, so the client's priorities are accepted.
     return start_sim_engine(root / "sim", slots=args.slots, latency=args.latency, scheduling_policy="priority",
                             max_model_len=MAX_MODEL_LEN)
 

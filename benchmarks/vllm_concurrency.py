@@ -5,7 +5,7 @@ built by tests/vllm_tier/tiny_model.py (nothing downloaded), prepares N pages as
 then sends them through ``VllmServerEngine`` twice against the same server: one request in flight
 at a time, then up to 16 (one micro-batch at once). Client overhead per page = the latency our
 client saw minus the server's own end-to-end latency for the same requests (vLLM's
-``vllm:e2e_request_latency_seconds`` histogram). The server is started as the README's ``vllm serve``
+``vllm:e2e_request_latency_seconds`` histogram). The server is started as docs/engines.md's ``vllm serve``
 command says (``--scheduling-policy priority``). Run it with the vLLM tier's Python, with this checkout
 installed there (scripts/test does that too):
 

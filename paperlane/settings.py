@@ -30,6 +30,8 @@ class RedisSettings(BaseModel):
     # Seconds before Redis hands an un-acked message to another worker. Must stay well above the
     # longest page; redelivered pages are harmless (results are idempotent) but cost work.
     visibility_timeout: int = 3600
+    key_prefix: str = Field("", description="put in front of every Redis key and channel of this deployment "
+                             "(paperlane's, Celery's and kombu's): several deployments or test runs on one Redis")
 
 
 class DatabaseSettings(BaseModel):
@@ -264,7 +266,7 @@ class IngestSettings(BaseModel):
 
 
 class ApiSettings(BaseModel):
-    """``paperlane api``: the HTTP API and its web page. README, "Threat model and limits", lists them all."""
+    """``paperlane api``: the HTTP API and its web page. docs/security.md lists them all."""
 
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
@@ -388,5 +390,5 @@ class Settings(BaseSettings):
 def load_settings(env_file: Path | None = None) -> Settings:
     """Build the settings at an entry point: ``PAPERLANE_*`` environment variables, then ``env_file``."""
     if env_file is not None:
-        return Settings(_env_file=env_file)  # type: ignore[call-arg]
+        return Settings(_env_file=env_file)
     return Settings()

@@ -38,6 +38,8 @@ def make_celery(settings: Settings) -> Celery:
         # Lane messages wait by fair share (priority.fair) behind a buffer of this many on the lane's lists.
         "fair_share": settings.fair_share.enabled,
         "fair_buffer": settings.fair_share.buffer,
+        # kombu's own keys (queues, unacked, bindings) and fanout channels under redis.key_prefix, as paperlane's.
+        "global_keyprefix": settings.redis.key_prefix,
     }
     app.conf.update(
         # kombu's Redis transport, checking each lane message before kombu reads it (priority.transport).

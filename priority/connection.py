@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import redis
 
+from paperlane.priority.keyspace import with_prefix
 from paperlane.settings import RedisSettings
 
 # Seconds a command may take before the caller hears the broker is unreachable. A blocking read (the retry clock's
@@ -21,5 +22,6 @@ SOCKET_TIMEOUT = 5.0
 
 def open_redis(cfg: RedisSettings) -> redis.Redis:
     """A client with a connection pool of its own, for one process; close it when the process stops."""
-    return redis.Redis.from_url(cfg.url, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_TIMEOUT,
-                                socket_keepalive=True)
+    client = redis.Redis.from_url(cfg.url, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_TIMEOUT,
+                                  socket_keepalive=True)
+    return with_prefix(client, cfg.key_prefix)  # every key under redis.key_prefix (priority.keyspace)

@@ -37,6 +37,7 @@ import redis
 from redis.commands.core import Script
 
 from paperlane.priority import keys
+from paperlane.priority.keyspace import prefix_of
 from paperlane.priority.lanes import LEVELS_PER_LANE, Lane
 from paperlane.status import EngineShare
 
@@ -271,6 +272,7 @@ class FairLanes:
         if buffer < 1:
             raise ValueError("the fair-share buffer holds at least one message")
         self._redis = client
+        self._prefix = prefix_of(client)  # key names the scripts build from ARGV need it (priority.keyspace)
         self.buffer = buffer
         self._put = Script(client, _PUT)
         self._refill = Script(client, _REFILL)
@@ -285,13 +287,13 @@ class FairLanes:
         ``lane``, and refill the lane's buffer; how many messages moved to the buffer."""
         if priority not in lane_priorities(lane):
             raise ValueError(f"message priority {priority} is not one of lane {lane.value}'s")
-        return int(self._put(keys=_keys(lane), args=[*_args(lane, self.buffer), message, priority, share.tenant,
+        return int(self._put(keys=_keys(lane), args=[*_args(lane, self.buffer, self._prefix), message, priority, share.tenant,
                                                        share.ingest, share.tenant_weight, share.ingest_weight],
                              client=client or self._redis))
 
     def refill(self, lane: Lane, *, client: redis.Redis | None = None) -> int:
         """Move messages into ``lane``'s buffer until it holds ``buffer`` (or nothing waits); how many moved."""
-        return int(self._refill(keys=_keys(lane), args=[*_args(lane, self.buffer), self.buffer],
+        return int(self._refill(keys=_keys(lane), args=[*_args(lane, self.buffer, self._prefix), self.buffer],
                                 client=client or self._redis))
 
     def drain(self, lane: Lane, *, chunk: int = 1000) -> int:
@@ -299,20 +301,20 @@ class FairLanes:
         others in between), in fair-share order: what fair share turned off leaves behind. How many moved."""
         total = 0
         while True:
-            moved = int(self._refill(keys=_keys(lane), args=[*_args(lane, 1 << 60), chunk]))
+            moved = int(self._refill(keys=_keys(lane), args=[*_args(lane, 1 << 60, self._prefix), chunk]))
             total += moved
             if moved < chunk:
                 return total
 
     def purge(self, lane: Lane, *, client: redis.Redis | None = None) -> int:
         """Drop every message waiting in ``lane``'s structure (not its buffer); how many there were."""
-        return int(self._purge(keys=_keys(lane)[:4], args=_args(lane, self.buffer)[:2], client=client or self._redis))
+        return int(self._purge(keys=_keys(lane)[:4], args=_args(lane, self.buffer, self._prefix)[:2], client=client or self._redis))
 
     def waiting(self, lane: Lane) -> list[bytes]:
         """Every message waiting in ``lane``'s structure (not its buffer), read in one script: for operators and
         tests, O(messages)."""
         k = keys.fair(lane.value)
-        return list(self._waiting(keys=[k.tenants], args=[k.tenant_prefix, k.ingest_prefix]))
+        return list(self._waiting(keys=[k.tenants], args=[self._prefix + k.tenant_prefix, self._prefix + k.ingest_prefix]))
 
     def share(self, lane: Lane, tenant: str | None, ingest: str) -> EngineShare | None:
         """The ingest's share of the engine now, or None when none of its pages waits in ``lane``'s structure
@@ -320,7 +322,7 @@ class FairLanes:
         t = tenant or keys.NO_TENANT
         waiting, tw, tsum, iw, isum, lane_picks, all_picks, span = self._share(
             keys=[(k := keys.fair(lane.value)).tenants, k.weights, k.tenant_prefix + t],
-            args=[t, ingest, keys.FAIR_PICKS, lane.value])
+            args=[t, ingest, self._prefix + keys.FAIR_PICKS, lane.value])
         if not int(waiting):
             return None
         within = float(tw) / float(tsum) * float(iw) / float(isum)
@@ -352,10 +354,11 @@ def count(reply: Any) -> int:
     return max(0, int(reply or 0))
 
 
-def structure_keys(lane: Lane) -> list[str]:
-    """The lane's tenants set and the prefixes of its tenant and ingest sets (what ``WAITING_LUA`` takes)."""
+def structure_keys(lane: Lane, prefix: str = "") -> list[str]:
+    """The lane's tenants set (a key) and the prefixes of its tenant and ingest sets (under the client's key
+    ``prefix``, as script arguments): what ``WAITING_LUA`` takes."""
     k = keys.fair(lane.value)
-    return [k.tenants, k.tenant_prefix, k.ingest_prefix]
+    return [k.tenants, prefix + k.tenant_prefix, prefix + k.ingest_prefix]
 
 
 def lane_priorities(lane: Lane) -> range:
@@ -368,7 +371,7 @@ def _keys(lane: Lane) -> list[str]:
     return [k.tenants, k.gone, k.state, k.weights, *keys.priority_lists(lane.queue, lane_priorities(lane))]
 
 
-def _args(lane: Lane, buffer: int) -> list[Any]:
+def _args(lane: Lane, buffer: int, prefix: str) -> list[Any]:
     k = keys.fair(lane.value)
-    return [k.tenant_prefix, k.ingest_prefix, buffer, keys.FAIR_PICKS,
+    return [prefix + k.tenant_prefix, prefix + k.ingest_prefix, buffer, prefix + keys.FAIR_PICKS,
             lane.value, lane.base_priority]

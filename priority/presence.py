@@ -16,6 +16,7 @@ from typing import Any
 import redis
 
 from paperlane.priority import fair, keys
+from paperlane.priority.keyspace import prefix_of
 from paperlane.priority.lanes import Lane, broker_keys
 from paperlane.priority.messages import BadMessage, PageMessage, page_job_id
 
@@ -57,10 +58,11 @@ def jobs_in_redis(client: redis.Redis, *, limit: int, unacked_since: float = 0.0
         sizes = pipe.execute()
     if sum(fair.count(n) for n in sizes) > limit:
         return None
-    structures = [fair.structure_keys(lane) for lane in Lane]
+    prefix = prefix_of(client)  # the lists and set prefixes below are script arguments, not keys
+    structures = [fair.structure_keys(lane, prefix) for lane in Lane]
     queued, unacked, delayed, releasing = client.eval(
         _SNAPSHOT, 4 + len(structures), keys.UNACKED, keys.UNACKED_INDEX, keys.DELAYED, keys.RELEASING,
-        *(s[0] for s in structures), repr(unacked_since), *lists, *(prefix for s in structures for prefix in s[1:]))
+        *(s[0] for s in structures), repr(unacked_since), *(prefix + key for key in lists), *(prefix for s in structures for prefix in s[1:]))
     found: set[str] = set()
     for raw in queued:
         _add(found, raw)

@@ -14,6 +14,9 @@ after each lane message a worker pops, it refills the buffer by one (on a pooled
 on BRPOP). Transport options ``fair_share`` (on) and ``fair_buffer`` (the buffer's size) come from the settings.
 The size and purge of a lane queue (``celery inspect``, ``celery purge``) count the structure too.
 
+``redis.key_prefix`` (``global_keyprefix`` here): kombu prefixes its own keys; paperlane's scripts and keys go
+through a client of ``priority.keyspace`` on the same pool, which prefixes every key of a script, not the first only.
+
 ``priority.broker.make_celery`` selects this transport for paperlane's Celery app, the producer's and
 the workers' alike; the queues, keys and priorities are kombu's Redis layout, unchanged.
 """
@@ -22,7 +25,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import redis
@@ -31,6 +35,7 @@ from kombu.utils.json import dumps
 
 from paperlane.priority import fair
 from paperlane.priority.deadletter import DeadLetters
+from paperlane.priority.keyspace import with_prefix
 from paperlane.priority.lanes import Lane
 from paperlane.priority.messages import BadMessage, page_job_id, page_share
 
@@ -40,7 +45,7 @@ SetAside = Callable[[str, bytes, str], None]  # (key, message, reason)
 Popped = Callable[[Lane], None]
 
 
-class _LaneCheckingRedis(redis.Redis):
+class _LaneChecking(redis.Redis):
     """The channel's Redis client: a message popped (BRPOP) off a lane queue is checked before kombu sees it."""
 
     def __init__(self, *args: Any, set_aside: SetAside, popped: Popped, sep: str, **kwargs: Any) -> None:
@@ -67,9 +72,18 @@ class _LaneCheckingRedis(redis.Redis):
         return response
 
 
+class _LaneCheckingRedis(_LaneChecking):
+    pass
+
+
+class _PrefixedLaneCheckingRedis(_LaneChecking, kombu_redis.PrefixedStrictRedis):
+    """kombu's client with ``global_keyprefix``: it strips the prefix off a popped key before the check reads it."""
+
+
 class Channel(kombu_redis.Channel):
     fair_share = True
     fair_buffer = 4
+    # kombu types the attribute as its own tuple's exact shape; two more options make it longer.
     from_transport_options = (*kombu_redis.Channel.from_transport_options, "fair_share", "fair_buffer")  # type: ignore[assignment]
     # A batch would buffer kombu's LPUSH commands; a lane message runs a script instead (published one by one).
     supports_batch_publish = False
@@ -82,13 +96,22 @@ class Channel(kombu_redis.Channel):
     def lanes(self) -> fair.FairLanes:
         """The fair-share scripts (registered on first use)."""
         if self._fair is None:
-            with self.conn_or_acquire() as client:
+            with self._own_client() as client:
                 self._fair = fair.FairLanes(client, buffer=int(self.fair_buffer))
         return self._fair
 
     def _get_client(self) -> Any:
-        super()._get_client()  # kombu's check of the redis-py version (paperlane sets no global_keyprefix)
-        return functools.partial(_LaneCheckingRedis, set_aside=self._set_aside, popped=self._popped, sep=self.sep)
+        super()._get_client()  # kombu's check of the redis-py version
+        client = _PrefixedLaneCheckingRedis if self.global_keyprefix else _LaneCheckingRedis
+        prefix = {"global_keyprefix": self.global_keyprefix} if self.global_keyprefix else {}
+        return functools.partial(client, set_aside=self._set_aside, popped=self._popped, sep=self.sep, **prefix)
+
+    @contextmanager
+    def _own_client(self) -> Iterator[redis.Redis]:
+        """A pooled client for paperlane's own keys and scripts: kombu's prefixed client prefixes only the first
+        key of a script, paperlane's (``priority.keyspace``) every one."""
+        with self.conn_or_acquire() as client:
+            yield with_prefix(client, self.global_keyprefix)
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
         lane = Lane.of_queue(queue)
@@ -99,7 +122,7 @@ class Channel(kombu_redis.Channel):
         # A lane's messages keep to its priorities: a batch message cannot claim an interactive one.
         own = fair.lane_priorities(lane)
         priority = min(max(self._get_message_priority(message, reverse=False), own[0]), own[-1])
-        with self.conn_or_acquire() as client:
+        with self._own_client() as client:
             self.lanes.put(lane, dumps(message), priority, share, client=client)
 
     def _popped(self, lane: Lane) -> None:
@@ -107,7 +130,7 @@ class Channel(kombu_redis.Channel):
         if not self.fair_share:
             return
         try:
-            with self.conn_or_acquire() as client:
+            with self._own_client() as client:
                 self.lanes.refill(lane, client=client)
         except redis.RedisError as exc:  # the consumer notices a broken broker on its own; the sweep refills
             log.warning("fair share: refill of %s failed: %s", lane.value, exc)
@@ -117,7 +140,7 @@ class Channel(kombu_redis.Channel):
         lane = Lane.of_queue(queue)
         if lane is None:
             return size
-        with self.conn_or_acquire() as client:
+        with self._own_client() as client:
             pipe = client.pipeline(transaction=False)
             fair.held(pipe, lane)
             return size + fair.count(pipe.execute()[0])
@@ -127,12 +150,12 @@ class Channel(kombu_redis.Channel):
         lane = Lane.of_queue(queue)
         if lane is None:
             return purged
-        with self.conn_or_acquire() as client:
+        with self._own_client() as client:
             return purged + self.lanes.purge(lane, client=client)
 
     def _set_aside(self, key: str, raw: bytes, reason: str) -> None:
         queue = key.rsplit(self.sep, 1)[0]
-        with self.conn_or_acquire() as client:  # a pooled connection, not the one waiting on BRPOP
+        with self._own_client() as client:  # a pooled connection, not the one waiting on BRPOP
             DeadLetters(client).add(raw, reason=reason, queue=queue)
 
 

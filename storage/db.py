@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from alembic import command
 from alembic.config import Config
@@ -40,8 +40,8 @@ def as_utc(value: datetime | None) -> datetime | None:
     return value.replace(tzinfo=UTC)
 
 
-def _sqlite_pragmas(dbapi_conn: object, _record: object) -> None:
-    cur = dbapi_conn.cursor()  # type: ignore[attr-defined]
+def _sqlite_pragmas(dbapi_conn: Any, _record: object) -> None:  # the DBAPI connection (sqlite3's): untyped
+    cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA busy_timeout=30000")
     cur.execute("PRAGMA synchronous=NORMAL")

@@ -39,12 +39,12 @@ from paperlane.storage.tables import DocumentRow, IngestFailureRow, IngestRow, J
 from paperlane.storage.tables import unpublished as unpublished_jobs
 
 _NAMESPACE = uuid.UUID("6a0b3c8e-3f0e-4f43-9d55-70617065726c")
-_INGESTS: Table = IngestRow.__table__  # type: ignore[assignment]
-_DOCUMENTS: Table = DocumentRow.__table__  # type: ignore[assignment]
-_PAGES: Table = PageRow.__table__  # type: ignore[assignment]
-_JOBS: Table = JobRow.__table__  # type: ignore[assignment]
-_FAILURES: Table = IngestFailureRow.__table__  # type: ignore[assignment]
-_TENANTS: Table = TenantRow.__table__  # type: ignore[assignment]
+_INGESTS: Table = IngestRow.__table__
+_DOCUMENTS: Table = DocumentRow.__table__
+_PAGES: Table = PageRow.__table__
+_JOBS: Table = JobRow.__table__
+_FAILURES: Table = IngestFailureRow.__table__
+_TENANTS: Table = TenantRow.__table__
 
 
 def document_id_for(ingest_id: str, source: str) -> str:

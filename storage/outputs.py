@@ -23,7 +23,7 @@ from paperlane.storage.db import Database
 from paperlane.storage.objects import document_key
 from paperlane.storage.tables import DocumentRow
 
-_DOCUMENTS: Table = DocumentRow.__table__  # type: ignore[assignment]
+_DOCUMENTS: Table = DocumentRow.__table__
 _PENDING = OutputsState.PENDING.value
 
 

@@ -80,7 +80,7 @@ class ObjectReader(io.RawIOBase):
         self._pos = max(0, base + offset)
         return self._pos
 
-    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]  # what io passes it
         view = memoryview(buffer).cast("B")
         end = min(self._size, self._pos + len(view))
         if end <= self._pos:

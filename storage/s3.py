@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import boto3
 from botocore.config import Config
@@ -18,8 +19,8 @@ _MISSING = {"404", "NoSuchKey", "NotFound"}
 
 
 class S3Store:
-    def __init__(self, client: object, bucket: str, *, prefix: str = "") -> None:
-        self._s3 = client
+    def __init__(self, client: Any, bucket: str, *, prefix: str = "") -> None:
+        self._s3 = client  # a boto3 S3 client (boto3 ships no types for its generated methods)
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
 
@@ -55,12 +56,12 @@ class S3Store:
 
     def ensure_bucket(self) -> None:
         try:
-            self._s3.head_bucket(Bucket=self.bucket)  # type: ignore[attr-defined]
+            self._s3.head_bucket(Bucket=self.bucket)
         except ClientError as exc:
             if _code(exc) not in _MISSING:
                 raise _mapped(exc, f"bucket {self.bucket}") from exc
             try:
-                self._s3.create_bucket(Bucket=self.bucket)  # type: ignore[attr-defined]
+                self._s3.create_bucket(Bucket=self.bucket)
             except ClientError as exc2:
                 if _code(exc2) not in {"BucketAlreadyOwnedByYou", "BucketAlreadyExists"}:
                     raise _mapped(exc2, f"bucket {self.bucket}") from exc2
@@ -69,7 +70,7 @@ class S3Store:
 
     def put(self, key: str, data: bytes, *, content_type: str = "application/octet-stream") -> None:
         try:
-            self._s3.put_object(Bucket=self.bucket, Key=self.prefix + key, Body=data,  # type: ignore[attr-defined]
+            self._s3.put_object(Bucket=self.bucket, Key=self.prefix + key, Body=data,
                                 ContentType=content_type)
         except (ClientError, BotoCoreError) as exc:
             raise _mapped(exc, key) from exc
@@ -78,14 +79,14 @@ class S3Store:
         base, span = split_range(key)
         extra = {"Range": f"bytes={span[0]}-{span[1] - 1}"} if span else {}
         try:
-            obj = self._s3.get_object(Bucket=self.bucket, Key=self.prefix + base, **extra)  # type: ignore[attr-defined]
+            obj = self._s3.get_object(Bucket=self.bucket, Key=self.prefix + base, **extra)
             return obj["Body"].read()
         except (ClientError, BotoCoreError) as exc:
             raise _mapped(exc, key) from exc
 
     def exists(self, key: str) -> bool:
         try:
-            self._s3.head_object(Bucket=self.bucket, Key=self.prefix + key)  # type: ignore[attr-defined]
+            self._s3.head_object(Bucket=self.bucket, Key=self.prefix + key)
         except ClientError as exc:
             if _code(exc) in _MISSING:
                 return False
@@ -99,7 +100,7 @@ class S3Store:
         if span is not None:
             return span[1] - span[0]
         try:
-            head = self._s3.head_object(Bucket=self.bucket, Key=self.prefix + base)  # type: ignore[attr-defined]
+            head = self._s3.head_object(Bucket=self.bucket, Key=self.prefix + base)
         except (ClientError, BotoCoreError) as exc:
             raise _mapped(exc, key) from exc
         return int(head["ContentLength"])

@@ -16,10 +16,10 @@ from paperlane.storage.db import Database, as_utc, get_row
 from paperlane.storage.tables import DocumentRow, IngestFailureRow, IngestRow, JobRow, PageRow
 from paperlane.storage.tables import unpublished as unpublished_jobs
 
-_DOCUMENTS: Table = DocumentRow.__table__  # type: ignore[assignment]
-_PAGES: Table = PageRow.__table__  # type: ignore[assignment]
-_JOBS: Table = JobRow.__table__  # type: ignore[assignment]
-_FAILURES: Table = IngestFailureRow.__table__  # type: ignore[assignment]
+_DOCUMENTS: Table = DocumentRow.__table__
+_PAGES: Table = PageRow.__table__
+_JOBS: Table = JobRow.__table__
+_FAILURES: Table = IngestFailureRow.__table__
 
 
 def ingest_progress(db: Database, ingest_id: str, *,
@@ -115,7 +115,7 @@ def get_page(db: Database, page_id: str, *, tenant_id: str | None = None) -> Pag
 def document_pages(db: Database, document_id: str) -> list[tuple[PageRow, JobRow]]:
     """The document's pages in order, each with its job."""
     with db.session() as s:
-        return [tuple(r) for r in s.execute(  # type: ignore[misc]
+        return [tuple(r) for r in s.execute(
             select(PageRow, JobRow).join(JobRow, JobRow.id == PageRow.job_id)
             .where(PageRow.document_id == document_id).order_by(PageRow.page_no))]
 

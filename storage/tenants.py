@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import delete, func, select, update
+from sqlalchemy.orm import Session
 
 from paperlane.errors import OverBudget, TenantNotFound, UsageError
 from paperlane.schemas import check_weight
@@ -124,8 +125,8 @@ def webhook_secret(db: Database, tenant_id: str) -> str:
     return secret
 
 
-def _tenant_id(s: object, tenant: str) -> str:
-    found = s.scalar(select(TenantRow.id).where(TenantRow.name == tenant))  # type: ignore[attr-defined]
+def _tenant_id(s: Session, tenant: str) -> str:
+    found = s.scalar(select(TenantRow.id).where(TenantRow.name == tenant))
     if found is None:
         raise UsageError(f"no tenant called {tenant}")
     return str(found)

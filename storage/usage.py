@@ -26,7 +26,7 @@ from paperlane.storage.db import Database, utcnow
 from paperlane.storage.tables import IngestRow, TenantRow, UsageRow
 
 NO_TENANT = ""
-_USAGE: Table = UsageRow.__table__  # type: ignore[assignment]
+_USAGE: Table = UsageRow.__table__
 _COUNTS = ("pages_succeeded", "pages_failed", "pages_review", "prompt_tokens", "completion_tokens", "engine_seconds")
 
 

@@ -266,7 +266,7 @@ def test_gpu_workers_talk_to_the_vllm_server(monkeypatch: pytest.MonkeyPatch) ->
     assert (url.hostname, url.port, url.path) == ("vllm", int(serve["--port"]), "/v1")
     assert s.engine.model == serve["--served-model-name"]
     assert s.engine.profile in PROFILES
-    # The README's rule: each worker keeps twice the server's sequences in flight.
+    # The rule of docs/production.md: each worker keeps twice the server's sequences in flight.
     assert s.engine.max_in_flight == 2 * int(serve["--max-num-seqs"])
     assert service("worker")["depends_on"]["vllm"]["condition"] == "service_healthy"
 
@@ -439,6 +439,7 @@ def _wait_healthy(proc: subprocess.Popen[bytes], urls: list[str], *, log: Path, 
     pytest.fail(f"{urls} not all healthy in {timeout:.0f}s")
 
 
+@pytest.mark.processes
 def test_seaweedfs_command_serves_s3_with_its_bucket(tmp_path: Path) -> None:
     """The compose service's `weed` arguments, on loopback ports: healthy, bucket there, metrics served."""
     s3 = service("s3")

@@ -39,6 +39,7 @@ def _minor_faults(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
 
 
+@pytest.mark.processes
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_pool_process_reuses_its_page_buffers(tmp_path: Path) -> None:
     # Without it, every A4 page faulted its buffers in again: ~1,400 page faults, 3.5 ms of CPU.
@@ -63,6 +64,7 @@ def test_a_pool_process_reuses_its_page_buffers(tmp_path: Path) -> None:
         pool.close()
 
 
+@pytest.mark.processes
 def test_the_page_number_reaches_a_pool_process_and_the_urgent_lane(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path / "data", worker=WorkerSettings(preprocess_processes=1))
     store = open_store(settings)

@@ -218,7 +218,7 @@ def _queued_job_ids(stack: Stack) -> list[str]:
     from tests.conftest import lane_messages
 
     ids = []
-    for raw in lane_messages(redis.Redis.from_url(stack.settings.redis.url), Lane.BATCH):
+    for raw in lane_messages(stack.broker(), Lane.BATCH):
         args, _, _ = json.loads(base64.b64decode(json.loads(raw)["body"]))
         ids.append(args[0])
     return ids

@@ -217,7 +217,7 @@ def _bytes_read() -> int:
     raise AssertionError("no rchar in /proc/self/io")
 
 
-@pytest.mark.parametrize("processes", [1, 0])
+@pytest.mark.parametrize("processes", [pytest.param(1, marks=pytest.mark.processes), 0])
 def test_the_pool_prepares_every_page_of_a_pdf_from_one_download(tmp_path: Path, processes: int) -> None:
     settings = Settings(data_dir=tmp_path / "data", worker=WorkerSettings(preprocess_processes=processes))
     store = CountingStore(open_store(settings))

@@ -30,11 +30,8 @@ from tests.sim_engine import start_sim_engine
 
 
 @pytest.fixture
-def broker(redis_service: Service) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_service.url)
-    client.flushall()
-    yield client
-    client.close()
+def broker(redis_client: redis.Redis) -> redis.Redis:
+    return redis_client
 
 
 class Lanes:
@@ -210,7 +207,7 @@ def test_a_small_batch_behind_a_large_backlog_finishes_while_the_backlog_waits(
                                                    owner=ingests.Owner(archive if tenant_id == "a" else nightly))]
 
     backlog = submit("a", range(400))
-    broker = redis.Redis.from_url(stack.settings.redis.url)
+    broker = stack.broker()
     assert int(broker.hget(keys.fair("batch").state, "held") or 0) == 400 - 4  # behind a buffer of 4
     engine = start_sim_engine(tmp_path / "engine", slots=4, latency=0.1, scheduling_policy="priority")
     try:

@@ -190,6 +190,7 @@ def test_zip_nested_1200_deep_is_one_refusal_at_the_depth_limit(tmp_path: Path) 
     assert_good_after(items)
 
 
+@pytest.mark.processes
 def test_pdf_with_a_200_inch_page_is_counted_not_rendered(tmp_path: Path) -> None:
     data = pdf_bytes(1, size=(14_400, 14_400))  # 200 x 200 inches: 5 GB of pixels at 200 dpi
     assert len(data) < 700
@@ -417,6 +418,7 @@ def test_member_count_and_uncompressed_total_are_capped(tmp_path: Path) -> None:
         "many.tar!0.jpg", "many.tar!1.jpg", "many.zip!0.jpg", "many.zip!1.jpg", "good-after.jpg"]
 
 
+@pytest.mark.processes
 def test_a_300_mb_tar_streams_in_bounded_memory(tmp_path: Path) -> None:
     block = os.urandom(MiB)
     member = b"\xff\xd8\xff" + block * 30  # 30 MiB that look like a JPEG

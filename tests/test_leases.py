@@ -82,7 +82,7 @@ def test_a_queued_page_whose_message_redis_lost_is_published_again(stack_factory
     with producer.db.session() as s:  # published ten minutes ago
         for row in s.query(JobRow).filter(JobRow.id.in_(ids)):
             row.enqueued_at = utcnow() - timedelta(minutes=10)
-    client = redis.Redis.from_url(stack.settings.redis.url)
+    client = stack.broker()
     [key] = [k for k in broker_keys(Lane.BATCH) if client.llen(k)]
     lost = next(m for m in client.lrange(key, 0, -1) if page_job_id(m) == ids[1])
     client.lrem(key, 1, lost)  # popped, and its worker killed before it was recorded as un-acked
@@ -123,7 +123,7 @@ def test_a_queued_page_held_un_acked_by_a_worker_that_died_before_starting_it_is
     with producer.db.session() as s:
         for row in s.query(JobRow).filter(JobRow.id.in_(ids)):
             row.enqueued_at = utcnow() - timedelta(minutes=10)
-    client = redis.Redis.from_url(stack.settings.redis.url)
+    client = stack.broker()
     [key] = [k for k in broker_keys(Lane.BATCH) if client.llen(k)]
     delivered = {ids[0]: time.time() - 600, ids[1]: time.time()}  # to a dead worker; to a live one, just now
     for job_id, at in delivered.items():

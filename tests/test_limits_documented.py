@@ -1,5 +1,5 @@
-"""README's table of limits ("Threat model and limits") names every limit of the API and of ingests, with the
-default the settings really have."""
+"""The table of limits (docs/security.md, "Threat model and limits", once README's) names every limit of the API
+and of ingests, with the default the settings really have."""
 
 from __future__ import annotations
 
@@ -10,17 +10,18 @@ from typing import Any
 
 from paperlane.settings import ApiSettings, IngestSettings, Settings
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "security.md"  # moved out of README.md
 WORKER_LIMITS = {"max_input_bytes", "max_image_pixels", "render_memory_bytes", "render_timeout", "urgent_processes"}
 NOT_LIMITS = {"api": {"host", "port", "url_expiry"}, "ingest": {"spool_bytes", "upload_threads"}}
 _UNITS = {"MiB": 1 << 20, "GiB": 1 << 30, "MP": 1_000_000, "s": 1}
 
 
 def _table() -> dict[str, str]:
-    """Setting (``api.max_body_bytes``) -> the default the README gives."""
+    """Setting (``api.max_body_bytes``) -> the default the page gives."""
     text = README.read_text()
     section = text[text.index("Every limit, its setting"):]
-    section = section[:section.index("\n## ")]
+    end = section.find("\n## ")  # the page's last section runs to its end
+    section = section if end < 0 else section[:end]
     rows: dict[str, str] = {}
     for names, default in re.findall(r"^\| (`[^|]+`) \| ([^|]+) \|", section, re.M):
         settings = re.findall(r"`([A-Z_]+)`", names)

@@ -95,6 +95,7 @@ def test_a_loop_is_stopped_mid_stream_and_the_retry_recovers_the_page(sim: Calla
     assert first["image"] == retry["image"] and retry["repetition_penalty"] == 1.15 > first["repetition_penalty"]
 
 
+@pytest.mark.slow
 def test_a_stubborn_loop_falls_back_to_the_embedded_engine(sim: Callable[..., SimEngine]) -> None:
     engine = sim(STUBBORN)
     out = output(infer(engine, [TaskSpec()])[0])
@@ -150,6 +151,7 @@ def test_a_retry_with_a_temperature_lifts_top_k(sim: Callable[..., SimEngine]) -
     assert (retry["temperature"], retry["top_k"], retry["repetition_penalty"]) == (0.4, -1, 1.3)
 
 
+@pytest.mark.slow
 def test_many_pages_at_once_each_get_their_own_outcome(sim: Callable[..., SimEngine]) -> None:
     engine = sim(Behaviour(loop_share=0.5, stubborn_share=0.1))
     outcomes = [output(o) for o in infer(engine, [TaskSpec()] * 1 + [TaskSpec(task=Task.TEXT)] * 11)]
@@ -222,22 +224,16 @@ def test_through_a_worker_a_looping_page_is_one_attempt_and_its_engine_calls_are
     assert all(p["flags"] == ["retried", "fallback"] and p["engine"].startswith("rapidocr") for p in listed)
 
 
-def test_a_kept_answer_keeps_its_grade_and_engine(redis_service) -> None:  # noqa: ANN001
-    import redis
-
+def test_a_kept_answer_keeps_its_grade_and_engine(redis_client) -> None:  # noqa: ANN001
     from paperlane.schemas import EngineInfo, Quality
     from paperlane.workers.answers import EngineAnswers
 
-    client = redis.Redis.from_url(redis_service.url)
-    try:
-        answers = EngineAnswers(client)
-        flags = {QualityFlag.RETRIED, QualityFlag.FALLBACK}
-        out = EngineOutput(text="read by the fallback", quality=Quality.grade(flags, 0.91),
-                           engine=EngineInfo(name="rapidocr", version="3", fallback_for="vllm"))
-        answers.put("job-kept", out)
-        kept = answers.get("job-kept")
-    finally:
-        client.close()
+    answers = EngineAnswers(redis_client)
+    flags = {QualityFlag.RETRIED, QualityFlag.FALLBACK}
+    out = EngineOutput(text="read by the fallback", quality=Quality.grade(flags, 0.91),
+                       engine=EngineInfo(name="rapidocr", version="3", fallback_for="vllm"))
+    answers.put("job-kept", out)
+    kept = answers.get("job-kept")
     assert kept is not None and kept.quality == out.quality and kept.quality.needs_review
     assert kept.engine == out.engine
 

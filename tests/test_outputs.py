@@ -4,6 +4,7 @@ by the retry policy when a try fails, never marked written by a writer that lost
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from pathlib import Path
 
 from lxml import etree
@@ -74,11 +75,11 @@ def test_a_failed_try_is_retried_after_its_backoff_then_given_up(db: Database, t
 def test_a_writer_whose_claim_lapsed_does_not_mark_them_written(db: Database, tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "objects")
     document_id = _finished_document(db, store)
-    stale = recorded.claim(db, document_id, now=utcnow(), hold=0.05)
+    t0 = utcnow()  # the clock is the caller's: the claim lapses at t0 + 0.05 s however slow the machine
+    stale = recorded.claim(db, document_id, now=t0, hold=0.05)
     assert stale is not None
-    assert recorded.claim(db, document_id, now=utcnow(), hold=30) is None  # held: nobody else claims it
-    time.sleep(0.1)
-    [fresh] = recorded.claim_due(db, now=utcnow(), hold=30)  # the claim lapsed: another writer takes them
+    assert recorded.claim(db, document_id, now=t0 + timedelta(seconds=0.01), hold=30) is None  # held: nobody else
+    [fresh] = recorded.claim_due(db, now=t0 + timedelta(seconds=0.1), hold=30)  # lapsed: another writer takes them
     assert fresh.document_id == document_id
     assert not recorded.written(db, stale, formats=[OutputFormat.JSON])
     assert recorded.written(db, fresh, formats=[OutputFormat.JSON])

@@ -134,6 +134,7 @@ def assert_next_page_not_delayed(rt: Runtime) -> None:
     assert time.monotonic() - t0 < BATCH_WAIT / 2  # its batch did not wait for a page that failed
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("fault, reason, stage, attempts", [
     (Raise(MemoryError()), "not enough memory to process this page", "inference", 3),  # retried: memory may free up
     (Raise(RuntimeError("engine bug")), INTERNAL_REASON, "inference", 1),
@@ -157,6 +158,7 @@ def test_an_engine_fault_fails_the_page_with_a_reason(runtime: Callable[[StubEng
     assert_next_page_not_delayed(rt)
 
 
+@pytest.mark.processes
 def test_a_page_opencv_refuses_in_the_pool_fails_and_the_next_page_is_not_delayed(
         runtime: Callable[[StubEngine], Runtime]) -> None:
     rt = runtime(StubEngine())
@@ -169,6 +171,7 @@ def test_a_page_opencv_refuses_in_the_pool_fails_and_the_next_page_is_not_delaye
     assert_next_page_not_delayed(rt)
 
 
+@pytest.mark.processes
 def test_a_run_with_misbehaving_pages_reports_each_and_finishes(runtime: Callable[[StubEngine], Runtime],
                                                                  tmp_path: Path) -> None:
     memory, garbage, good = page(2), page(3), page(4)

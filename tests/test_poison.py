@@ -69,7 +69,7 @@ def _sent(app: object) -> dict[str, tuple[str, str]]:
 @pytest.mark.slow
 def test_garbage_on_the_lanes_is_set_aside_and_every_page_is_done(stack: Stack, worker_factory) -> None:
     producer = Producer(stack)
-    broker = redis.Redis.from_url(stack.settings.redis.url)
+    broker = stack.broker()
     app = make_celery(stack.settings)
     garbage = _garbage(_template(app, broker))
     before = producer.submit(range(3), Lane.BATCH)
@@ -120,9 +120,8 @@ def _raw(letter: DeadLetter) -> bytes:
     return base64.b64decode(letter.message) if letter.encoding == "base64" else letter.message.encode()
 
 
-def test_the_list_is_bounded_and_a_message_too_big_is_cut(redis_service) -> None:
-    client = redis.Redis.from_url(redis_service.url)
-    client.delete(keys.DEAD_LETTERS)
+def test_the_list_is_bounded_and_a_message_too_big_is_cut(redis_client: redis.Redis) -> None:
+    client = redis_client
     letters = DeadLetters(client, keep=5)
     for i in range(8):
         assert letters.add(f"garbage {i}".encode(), reason="not JSON", queue=Lane.BATCH.queue)
@@ -138,8 +137,8 @@ def test_setting_aside_never_raises_with_the_broker_down() -> None:
     assert letters.add(b"garbage", reason="not JSON", queue=Lane.BATCH.queue) is False
 
 
-def test_what_the_producer_sends_passes_the_check(redis_service, stack: Stack) -> None:
-    broker = redis.Redis.from_url(stack.settings.redis.url)
+def test_what_the_producer_sends_passes_the_check(stack: Stack) -> None:
+    broker = stack.broker()
     envelope = _template(make_celery(stack.settings), broker)
     assert page_job_id(json.dumps(envelope).encode()) == "template-job"
     with pytest.raises(BadMessage, match="expected one job id"):

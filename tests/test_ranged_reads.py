@@ -172,7 +172,7 @@ def _tiff(frames: int) -> bytes:
     return buf.getvalue()
 
 
-@pytest.mark.parametrize("processes", [1, 0])
+@pytest.mark.parametrize("processes", [pytest.param(1, marks=pytest.mark.processes), 0])
 def test_a_tiff_is_downloaded_once_for_all_its_pages(tmp_path: Path, processes: int) -> None:
     settings = Settings(data_dir=tmp_path / "data", worker=WorkerSettings(preprocess_processes=processes))
     store = CountingStore(open_store(settings))

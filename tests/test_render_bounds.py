@@ -73,6 +73,7 @@ def _abort() -> None:
     os.abort()
 
 
+@pytest.mark.processes
 def test_a_bounded_pool_fails_only_the_task_that_killed_its_process() -> None:
     pool = BoundedPool(1, name="test", memory_bytes=0, timeout=5.0)  # importing this module counts
     try:
@@ -100,6 +101,7 @@ def _spin(seconds: float) -> None:
         pass
 
 
+@pytest.mark.processes
 def test_the_time_limit_is_the_tasks_own_cpu_time() -> None:
     """A task waiting (on a read, or on a machine busy with others) is not killed at its CPU limit; one that
     computes past it is, as soon as it has."""
@@ -149,6 +151,7 @@ HOSTILE: dict[str, tuple[Callable[[], bytes], str]] = {
 }
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("lane", [Lane.BATCH, Lane.INTERACTIVE])
 def test_hostile_pages_fail_alone_with_a_reason_and_the_worker_goes_on(bounded_runtime: Runtime,
                                                                       lane: Lane) -> None:

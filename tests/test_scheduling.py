@@ -178,7 +178,7 @@ def test_retry_then_success_and_retry_exhausted(stack_factory: Callable[..., Sta
     [recovers] = producer.submit([1], Lane.INTERACTIVE, level=2)
     _stop_s3(private_s3)  # the worker cannot fetch the original: retryable
     first = worker_factory(stack, name="doomed")
-    broker = redis.Redis.from_url(stack.settings.redis.url)
+    broker = stack.broker()
     deadline = time.monotonic() + 60
     while not broker.zrange(keys.DELAYED, 0, -1):
         assert time.monotonic() < deadline, "no retry delayed"
@@ -208,7 +208,7 @@ def test_redis_work_grows_with_pages_not_with_time(stack_factory: Callable[..., 
     # Sweeps every 2 s instead of 60, so a few seconds' watch sees several of them.
     stack = stack_factory(WORKER__SWEEP_INTERVAL="2")
     producer = Producer(stack)
-    broker = redis.Redis.from_url(stack.settings.redis.url)
+    broker = stack.broker()
     worker_factory(stack)
 
     def commands() -> Counter[str]:
@@ -249,5 +249,6 @@ def test_redis_work_grows_with_pages_not_with_time(stack_factory: Callable[..., 
     # Still a plain Celery worker: remote control answers (what `celery inspect` and Flower use).
     ping = subprocess.run([sys.executable, "-m", "celery", "-A", "paperlane.priority.celery_app", "inspect", "ping",
                            "-t", "5"], capture_output=True, text=True, timeout=60,
-                          env={**stack.env(), "PAPERLANE_REDIS__URL": stack.settings.redis.url}, cwd=stack.root)
+                          env={**stack.env(), "PAPERLANE_REDIS__URL": stack.settings.redis.url,
+                               "PAPERLANE_REDIS__KEY_PREFIX": stack.settings.redis.key_prefix}, cwd=stack.root)
     assert ping.returncode == 0 and "w1@test" in ping.stdout and "pong" in ping.stdout, ping.stdout + ping.stderr

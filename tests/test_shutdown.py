@@ -27,15 +27,15 @@ pytestmark = pytest.mark.slow
 
 def _lane_messages(stack: Stack, lane: Lane) -> list[str]:
     """The job ids of the messages waiting on ``lane``, sorted (a page twice would show twice)."""
-    return sorted(page_job_id(m) for m in lane_messages(redis.Redis.from_url(stack.settings.redis.url), lane))
+    return sorted(page_job_id(m) for m in lane_messages(stack.broker(), lane))
 
 
 def _unacked(stack: Stack) -> int:
-    return int(redis.Redis.from_url(stack.settings.redis.url).hlen(keys.UNACKED))
+    return int(stack.broker().hlen(keys.UNACKED))
 
 
 def _delayed(stack: Stack) -> int:
-    return DelayedPages(redis.Redis.from_url(stack.settings.redis.url)).pending()
+    return DelayedPages(stack.broker()).pending()
 
 
 def _terminate(worker: WorkerProcess, *, limit: float) -> float:
@@ -115,7 +115,7 @@ def test_pages_still_in_the_engine_when_the_grace_runs_out_are_handed_back(
     assert re.search(r"stopping: [1-9]\d* page\(s\) still in the engine handed back", first.output())
     # Back on their own lane at their own priority (interactive, level 1), once each.
     assert _lane_messages(stack, Lane.INTERACTIVE) == ids and not _lane_messages(stack, Lane.BATCH)
-    client = redis.Redis.from_url(stack.settings.redis.url)
+    client = stack.broker()
     # The lane's list for priority 1 holds as many as its buffer does; the rest wait by fair share, at priority 1.
     assert client.llen(f"{Lane.INTERACTIVE.queue}:1") == min(len(ids), stack.settings.fair_share.buffer)
     assert all(json.loads(m)["properties"]["priority"] == 1 for m in lane_messages(client, Lane.INTERACTIVE))

@@ -93,6 +93,7 @@ def _served_after_a_blocker(engine: SimEngine, payloads: list[dict[str, Any]]) -
     return served
 
 
+@pytest.mark.slow
 def test_priority_scheduling_serves_the_lowest_priority_first_then_arrival(sim: Callable[..., SimEngine]) -> None:
     engine = sim(slots=1, latency=0.8, scheduling_policy="priority")
     priorities = [5, 3, 9, 1, 3]
@@ -102,6 +103,7 @@ def test_priority_scheduling_serves_the_lowest_priority_first_then_arrival(sim: 
     assert [p for p, _ in served] == [1, 3, 3, 5, 9]
 
 
+@pytest.mark.slow
 def test_fcfs_serves_in_arrival_order(sim: Callable[..., SimEngine]) -> None:
     engine = sim(slots=1, latency=0.8)
     arrivals = [r["n"] for r in _served_after_a_blocker(engine, [body(10 + i) for i in range(4)])]

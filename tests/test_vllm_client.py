@@ -33,7 +33,7 @@ EngineFactory = Callable[..., VllmServerEngine]
 
 @pytest.fixture
 def sim_factory(tmp_path: Path) -> Iterator[SimFactory]:
-    """Starts simulated engines (priority scheduling unless said otherwise, as the README's ``vllm serve``
+    """Starts simulated engines (priority scheduling unless said otherwise, as docs/engines.md's ``vllm serve``
     command) and stops them after the test."""
     started: list[SimEngine] = []
 

@@ -110,7 +110,7 @@ def test_a_retried_page_takes_the_engines_answer_from_its_earlier_attempt(stack_
         [job_id] = producer.submit([9], Lane.BATCH)
         with producer.db.session() as s:  # its first attempt died after the engine answered
             s.get(JobRow, job_id).attempts = 1  # type: ignore[union-attr]
-        client = redis.Redis.from_url(stack.settings.redis.url)
+        client = stack.broker()
         EngineAnswers(client).put(job_id, EngineOutput(text="kept answer", lines=[Line(text="kept answer")],
                                                        seconds=0.3))
         client.close()

@@ -235,7 +235,7 @@ class MicroBatcher:
             except Exception as exc:  # an engine bug fails this batch's pages, not the worker
                 if not self._given_up:  # after that, the engine may be closed under a batch: no news
                     log.exception("engine failed on a batch of %d", len(batch))
-                outcomes = [exc] * len(batch)  # type: ignore[list-item]
+                outcomes = [exc] * len(batch)
             finally:
                 ENGINE_IN_FLIGHT.dec(len(batch))
             if len(outcomes) != len(batch):  # an engine bug must not leave pages waiting forever

@@ -116,7 +116,7 @@ class Service:
 
 
 async def service(request: Request) -> Service:
-    return request.app.state.service  # type: ignore[no-any-return]
+    return request.app.state.service
 
 
 ServiceDep = Annotated[Service, Depends(service)]

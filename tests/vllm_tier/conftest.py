@@ -68,7 +68,7 @@ class VllmServer:
 
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    """The tier's server, scheduling by priority as the README's ``vllm serve`` command does."""
+    """The tier's server, scheduling by priority as docs/engines.md's ``vllm serve`` command does."""
     yield from _serve(tiny_model, tmp_path_factory.mktemp("vllm"), "--scheduling-policy", "priority")
 
 
