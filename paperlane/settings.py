@@ -16,6 +16,7 @@ import json
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -26,10 +27,30 @@ DEFAULT_OUTPUT_FORMATS = (OutputFormat.JSON, OutputFormat.MD, OutputFormat.PDF)
 
 
 class RedisSettings(BaseModel):
-    url: str = "redis://127.0.0.1:6379/0"
+    url: str = Field("redis://127.0.0.1:6379/0", description="redis://host:port/db, or Redis Sentinel: "
+                     "sentinel://host1:26379;sentinel://host2:26379/db (every Sentinel of the group, ';'-separated)")
+    master_name: str = Field("mymaster", description="with sentinel:// URLs: the name the Sentinels monitor the "
+                             "master under")
+    sentinel_password: SecretStr | None = Field(None, description="with sentinel:// URLs: the Sentinels' own "
+                                                "password (requirepass of the Sentinels), if they have one; the "
+                                                "master's password goes in the URL")
     # Seconds before Redis hands an un-acked message to another worker. Must stay well above the
     # longest page; redelivered pages are harmless (results are idempotent) but cost work.
     visibility_timeout: int = 3600
+
+    @property
+    def sentinels(self) -> list[tuple[str, int]]:
+        """The (host, port) of each Sentinel of a ``sentinel://`` URL; empty for a plain Redis URL."""
+        return [(u.hostname or "127.0.0.1", u.port or 26379) for u in map(urlsplit, self.url.split(";"))
+                if u.scheme == "sentinel"]
+
+    @field_validator("url")
+    @classmethod
+    def _one_kind(cls, value: str) -> str:
+        schemes = {urlsplit(part).scheme for part in value.split(";")}
+        if "sentinel" in schemes and schemes != {"sentinel"}:
+            raise ValueError("redis.url: a sentinel:// URL lists only Sentinels (sentinel://host:26379;sentinel://...)")
+        return value
 
 
 class DatabaseSettings(BaseModel):

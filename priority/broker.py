@@ -15,7 +15,8 @@ from celery import Celery
 from paperlane.priority import keys
 from paperlane.priority.fair import HEADER, Share
 from paperlane.priority.lanes import PRIORITY_STEPS, TASK_PROCESS_PAGE, Lane
-from paperlane.settings import Settings
+from paperlane.priority.connection import SOCKET_TIMEOUT
+from paperlane.settings import RedisSettings, Settings
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -31,12 +32,17 @@ def make_celery(settings: Settings) -> Celery:
         # Lane messages wait by fair share (priority.fair) behind a buffer of this many on the lane's lists.
         "fair_share": settings.fair_share.enabled,
         "fair_buffer": settings.fair_share.buffer,
+        **_sentinel_options(settings.redis),
     }
     app.conf.update(
         # kombu's Redis transport, checking each lane message before kombu reads it (priority.transport).
-        broker_transport="paperlane.priority.transport:Transport",
+        broker_transport=f"paperlane.priority.transport:{'SentinelTransport' if settings.redis.sentinels else 'Transport'}",
         broker_transport_options=transport,
         broker_connection_retry_on_startup=True,
+        # A failover (celery#7946): a command on a master demoted to replica answers READONLY, a channel error Celery
+        # would stop the worker on; retried like a lost connection instead, which reconnects to the new master.
+        broker_channel_error_retry=True,
+        broker_connection_max_retries=None,  # a failover may take longer than the default's 100 quick tries
         task_default_queue=Lane.BATCH.queue,
         task_queues=None,
         task_routes={TASK_PROCESS_PAGE: {"queue": Lane.BATCH.queue}},
@@ -64,3 +70,15 @@ def send_page(app: Celery, job_id: str, lane: Lane, message_priority: int, *, sh
     """
     app.send_task(TASK_PROCESS_PAGE, args=[job_id], queue=lane.queue, priority=message_priority, producer=producer,
                   headers={HEADER: (share or Share()).header()})
+
+
+def _sentinel_options(cfg: RedisSettings) -> dict[str, Any]:
+    """kombu's transport options for a ``sentinel://`` URL: the master's name, the Sentinels' password, and (celery#6348,
+    a master whose host vanished without closing its sockets) keepalive and timeouts, so a dead connection is noticed
+    and the next one goes to the master the Sentinels name."""
+    if not cfg.sentinels:
+        return {}
+    password = cfg.sentinel_password.get_secret_value() if cfg.sentinel_password else None
+    return {"master_name": cfg.master_name, "sentinel_kwargs": {"password": password, "socket_timeout": SOCKET_TIMEOUT},
+            "socket_keepalive": True, "socket_timeout": SOCKET_TIMEOUT, "socket_connect_timeout": SOCKET_TIMEOUT,
+            "health_check_interval": 5}

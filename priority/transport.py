@@ -15,7 +15,8 @@ on BRPOP). Transport options ``fair_share`` (on) and ``fair_buffer`` (the buffer
 The size and purge of a lane queue (``celery inspect``, ``celery purge``) count the structure too.
 
 ``priority.broker.make_celery`` selects this transport for paperlane's Celery app, the producer's and
-the workers' alike; the queues, keys and priorities are kombu's Redis layout, unchanged.
+the workers' alike (``SentinelTransport`` for ``sentinel://`` URLs); the queues, keys and priorities are kombu's
+Redis layout, unchanged.
 """
 
 from __future__ import annotations
@@ -138,3 +139,19 @@ class Channel(kombu_redis.Channel):
 
 class Transport(kombu_redis.Transport):
     Channel = Channel
+
+
+class SentinelChannel(Channel, kombu_redis.SentinelChannel):
+    """The same channel on a Redis found through its Sentinels (kombu's ``SentinelChannel``: every new connection
+    asks them for the master, so a reconnect after a failover reaches the new one)."""
+
+    from_transport_options = (*Channel.from_transport_options,  # type: ignore[assignment]
+                              *(o for o in kombu_redis.SentinelChannel.from_transport_options
+                                if o not in Channel.from_transport_options))
+
+
+class SentinelTransport(Transport):
+    """``sentinel://host:26379;sentinel://...`` URLs, with ``master_name`` in the transport options."""
+
+    Channel = SentinelChannel
+    default_port = 26379
