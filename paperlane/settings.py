@@ -224,8 +224,15 @@ class WorkerSettings(BaseModel):
                                   "the engine finish before it hands them back too; keep it below the supervisor's "
                                   "kill timeout (compose stop_grace_period, Kubernetes terminationGracePeriodSeconds)")
     sweep_interval: float = Field(60.0, gt=0, description="seconds between a worker's looks for queued pages whose "
-                                  "message never went out or was lost by Redis (it reads Redis whole then, while "
-                                  "it holds at most 5,000 messages), and for document outputs nobody is writing")
+                                  "message never went out or was lost by Redis (lost_check_pages of them each "
+                                  "time), and for document outputs nobody is writing")
+    lost_after: float = Field(120.0, gt=0, description="seconds after its message went out that a queued page with "
+                              "no message left in Redis (lost by a failover, or by a worker killed between its pop "
+                              "and its un-acked record), or one received by a worker that never started it, is "
+                              "published again")
+    lost_check_pages: int = Field(10_000, ge=1, description="queued pages one sweep asks Redis about (a cursor "
+                                  "through the backlog, one SMISMEMBER): a sweep's cost is bounded by it, and a "
+                                  "lost page is found within backlog / lost_check_pages sweeps")
     output_formats: Annotated[tuple[OutputFormat, ...], NoDecode] = Field(
         DEFAULT_OUTPUT_FORMATS, min_length=1, description="what a finished document is written as: any of json, md, "
         "pdf, alto, page, hocr, mets (a JSON list or comma-separated); formats not listed cost nothing")

@@ -155,14 +155,19 @@ local function refill(most)
 end
 """.replace("SCALE", f"{_PRIORITY_SCALE:.0f}")
 
-# ARGV 7..: message, priority, tenant, ingest, tenant weight, ingest weight.
+# ARGV 7..: message, priority, tenant, ingest, tenant weight, ingest weight, then (optional) the presence set and
+# the message's job id: marked present in the same script, so a write lost at a failover loses both together.
 _PUT = _LIB + """
 add(ARGV[7], tonumber(ARGV[8]), ARGV[9], ARGV[10], ARGV[11], ARGV[12])
+if ARGV[14] then redis.call('SADD', ARGV[13], ARGV[14]) end
 return refill(tonumber(ARGV[3]))
 """
 
-# ARGV 7: the most messages to move.
-_REFILL = _LIB + "return refill(tonumber(ARGV[7]))"
+# ARGV 7: the most messages to move; then (optional) the presence set and the job id of a message just popped.
+_REFILL = _LIB + """
+if ARGV[9] then redis.call('SREM', ARGV[8], ARGV[9]) end
+return refill(tonumber(ARGV[7]))
+"""
 
 # Lua: append every message waiting in a lane's structure to ``out`` (tenants set, tenant prefix, ingest prefix).
 WAITING_LUA = """
@@ -280,18 +285,23 @@ class FairLanes:
         self._set_weight = Script(client, _SET_WEIGHT)
 
     def put(self, lane: Lane, message: bytes | str, priority: int, share: Share, *,
-            client: redis.Redis | None = None) -> int:
+            client: redis.Redis | None = None, job_id: str | None = None) -> int:
         """Queue ``message`` (a page's, at message ``priority``, one of the lane's) behind its tenant and ingest in
-        ``lane``, and refill the lane's buffer; how many messages moved to the buffer."""
+        ``lane``, and refill the lane's buffer; how many messages moved to the buffer. ``job_id``: the page's, marked
+        present (``priority.presence``) with it."""
         if priority not in lane_priorities(lane):
             raise ValueError(f"message priority {priority} is not one of lane {lane.value}'s")
+        marker = [keys.PRESENT, job_id] if job_id else []
         return int(self._put(keys=_keys(lane), args=[*_args(lane, self.buffer), message, priority, share.tenant,
-                                                       share.ingest, share.tenant_weight, share.ingest_weight],
+                                                       share.ingest, share.tenant_weight, share.ingest_weight,
+                                                       *marker],
                              client=client or self._redis))
 
-    def refill(self, lane: Lane, *, client: redis.Redis | None = None) -> int:
-        """Move messages into ``lane``'s buffer until it holds ``buffer`` (or nothing waits); how many moved."""
-        return int(self._refill(keys=_keys(lane), args=[*_args(lane, self.buffer), self.buffer],
+    def refill(self, lane: Lane, *, client: redis.Redis | None = None, popped: str | None = None) -> int:
+        """Move messages into ``lane``'s buffer until it holds ``buffer`` (or nothing waits); how many moved.
+        ``popped``: the job id of the message a worker just popped, no longer present (``priority.presence``)."""
+        marker = [keys.PRESENT, popped] if popped else []
+        return int(self._refill(keys=_keys(lane), args=[*_args(lane, self.buffer), self.buffer, *marker],
                                 client=client or self._redis))
 
     def drain(self, lane: Lane, *, chunk: int = 1000) -> int:

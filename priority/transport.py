@@ -30,7 +30,7 @@ import redis
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
-from paperlane.priority import fair
+from paperlane.priority import fair, keys
 from paperlane.priority.deadletter import DeadLetters
 from paperlane.priority.lanes import Lane
 from paperlane.priority.messages import BadMessage, page_job_id, page_share
@@ -38,7 +38,7 @@ from paperlane.priority.messages import BadMessage, page_job_id, page_share
 log = logging.getLogger(__name__)
 
 SetAside = Callable[[str, bytes, str], None]  # (key, message, reason)
-Popped = Callable[[Lane], None]
+Popped = Callable[[Lane, str | None], None]  # (lane, the popped page's job id)
 
 
 class _LaneCheckingRedis(redis.Redis):
@@ -59,12 +59,13 @@ class _LaneCheckingRedis(redis.Redis):
         lane = Lane.of_queue(key.rsplit(self._sep, 1)[0])
         if lane is None:
             return response
-        self._popped(lane)
         try:
-            page_job_id(raw)
+            job_id = page_job_id(raw)
         except BadMessage as exc:
+            self._popped(lane, None)
             self._set_aside(key, raw, exc.reason)
             return None  # kombu: nothing arrived before the timeout; it pops again
+        self._popped(lane, job_id)
         return response
 
 
@@ -93,25 +94,43 @@ class Channel(kombu_redis.Channel):
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
         lane = Lane.of_queue(queue)
-        if lane is None or not self.fair_share:
+        if lane is None:
             super()._put(queue, message, **kwargs)
+            return
+        raw = dumps(message)
+        job_id = _job_id(raw)
+        if not self.fair_share:
+            super()._put(queue, message, **kwargs)
+            if job_id:  # after the message: a marker lost alone costs a duplicate, never a page
+                with self.conn_or_acquire() as client:
+                    client.sadd(keys.PRESENT, job_id)
             return
         share = page_share(message.get("headers") or {})
         # A lane's messages keep to its priorities: a batch message cannot claim an interactive one.
         own = fair.lane_priorities(lane)
         priority = min(max(self._get_message_priority(message, reverse=False), own[0]), own[-1])
         with self.conn_or_acquire() as client:
-            self.lanes.put(lane, dumps(message), priority, share, client=client)
+            self.lanes.put(lane, raw, priority, share, client=client, job_id=job_id)
 
-    def _popped(self, lane: Lane) -> None:
-        """A message of ``lane`` left its buffer: move the next one in by fair share."""
-        if not self.fair_share:
-            return
+    def _popped(self, lane: Lane, job_id: str | None) -> None:
+        """A message of ``lane`` left its buffer: no longer present (``priority.presence``); move the next one in by
+        fair share."""
         try:
             with self.conn_or_acquire() as client:
-                self.lanes.refill(lane, client=client)
+                if self.fair_share:
+                    self.lanes.refill(lane, client=client, popped=job_id)
+                elif job_id:
+                    client.srem(keys.PRESENT, job_id)
         except redis.RedisError as exc:  # the consumer notices a broken broker on its own; the sweep refills
             log.warning("fair share: refill of %s failed: %s", lane.value, exc)
+
+    def _do_restore_message(self, payload: dict[str, Any], exchange: str, routing_key: str, pipe: Any,
+                            leftmost: bool = False) -> None:
+        """kombu puts an un-acked message back on its queue (a worker stopped, or its visibility timeout ran out):
+        present again, in the same transaction."""
+        super()._do_restore_message(payload, exchange, routing_key, pipe, leftmost)
+        if job_id := _job_id(dumps(payload)):
+            pipe.sadd(keys.PRESENT, job_id)
 
     def _size(self, queue: str) -> int:
         size = int(super()._size(queue))
@@ -135,6 +154,13 @@ class Channel(kombu_redis.Channel):
         queue = key.rsplit(self.sep, 1)[0]
         with self.conn_or_acquire() as client:  # a pooled connection, not the one waiting on BRPOP
             DeadLetters(client).add(raw, reason=reason, queue=queue)
+
+
+def _job_id(raw: str | bytes) -> str | None:
+    try:
+        return page_job_id(raw.encode() if isinstance(raw, str) else raw)
+    except BadMessage:
+        return None  # not a page's message (Celery's own): nothing to mark
 
 
 class Transport(kombu_redis.Transport):

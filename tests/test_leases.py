@@ -86,6 +86,7 @@ def test_a_queued_page_whose_message_redis_lost_is_published_again(stack_factory
     [key] = [k for k in broker_keys(Lane.BATCH) if client.llen(k)]
     lost = next(m for m in client.lrange(key, 0, -1) if page_job_id(m) == ids[1])
     client.lrem(key, 1, lost)  # popped, and its worker killed before it was recorded as un-acked
+    client.srem(keys.PRESENT, ids[1])  # the pop took its presence marker (priority.transport)
     delayed = DelayedPages(client)
     keeper = LeaseKeeper(producer.db, delayed, client, WorkerSettings(), RetryPolicy(), worker="w")
     try:
@@ -129,6 +130,7 @@ def test_a_queued_page_held_un_acked_by_a_worker_that_died_before_starting_it_is
     for job_id, at in delivered.items():
         message = next(m for m in client.lrange(key, 0, -1) if page_job_id(m) == job_id)
         client.lrem(key, 1, message)
+        client.srem(keys.PRESENT, job_id)  # the pop took its presence marker (priority.transport)
         tag = f"tag-{job_id}"
         client.hset(keys.UNACKED, tag, json.dumps([json.loads(message), "", Lane.BATCH.queue]))
         client.zadd(keys.UNACKED_INDEX, {tag: at})
