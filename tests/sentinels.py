@@ -1,8 +1,11 @@
 """A Redis Sentinel group for the tests: one master, two replicas and three Sentinels on loopback, from the real
-``redis-server`` binary (``--sentinel`` with a config file each), stopped by PID like ``tests.services``."""
+``redis-server`` binary (``--sentinel`` with a config file each), stopped by PID like ``tests.services``; and a
+backlog of page messages for the lost-message sweep's cost (``message_like``, ``fill_backlog``)."""
 
 from __future__ import annotations
 
+import base64
+import json
 import signal
 import subprocess
 import time
@@ -11,6 +14,8 @@ from pathlib import Path
 
 import redis
 
+from paperlane.priority.fair import FairLanes, Share
+from paperlane.priority.lanes import Lane
 from tests.services import ServiceError, _binary, _wait, free_port
 
 MASTER_NAME = "paperlane"
@@ -102,3 +107,20 @@ def start_sentinel_group(root: Path) -> SentinelGroup:
 def _start(exe: str, root: Path, name: str, args: list[str]) -> subprocess.Popen:
     log = root / f"{name}.log"
     return subprocess.Popen([exe, *args], stdout=log.open("ab"), stderr=subprocess.STDOUT)
+
+
+def message_like(template: bytes, job_id: str) -> bytes:
+    """A page message shaped like ``template`` (a real one, as the transport stored it) for ``job_id``."""
+    envelope = json.loads(template)
+    _, kwargs, embed = json.loads(base64.b64decode(envelope["body"]))
+    envelope["body"] = base64.b64encode(json.dumps([[job_id], kwargs, embed]).encode()).decode()
+    envelope["headers"]["argsrepr"] = repr([job_id])
+    return json.dumps(envelope).encode()
+
+
+def fill_backlog(client: redis.Redis, template: bytes, n: int, *, prefix: str = "backlog") -> None:
+    """``n`` more pages of the batch lane waiting by fair share, among 20 tenants, each marked present."""
+    lanes = FairLanes(client)
+    for i in range(n):
+        job_id = f"{prefix}-{i:08d}"
+        lanes.put(Lane.BATCH, message_like(template, job_id), 5, Share(f"t{i % 20}"), job_id=job_id)

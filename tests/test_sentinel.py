@@ -14,7 +14,7 @@ import redis
 
 from paperlane.priority import keys
 from paperlane.priority.delayed import DelayedPages
-from paperlane.priority.fair import FairLanes, Share
+from paperlane.priority.fair import FairLanes
 from paperlane.priority.lanes import Lane, broker_keys
 from paperlane.priority.messages import page_job_id
 from paperlane.retry import RetryPolicy
@@ -24,7 +24,7 @@ from paperlane.storage.db import utcnow
 from paperlane.storage.tables import JobRow
 from paperlane.workers.leases import LeaseKeeper
 from tests.conftest import Stack, until
-from tests.sentinels import MASTER_NAME, SentinelGroup, start_sentinel_group
+from tests.sentinels import MASTER_NAME, SentinelGroup, fill_backlog, start_sentinel_group
 from tests.sim_engine import start_sim_engine
 from tests.test_scheduling import Producer
 
@@ -79,3 +79,60 @@ def test_a_master_killed_mid_run_loses_no_page(stack_factory: Callable[..., Stac
     assert len(stack.keys("results/")) == len(ids)
     metered = usage.totals(usage.days(producer.db, since=date(2000, 1, 1), tenant_id=usage.NO_TENANT))
     assert (metered["pages_succeeded"], metered["pages_failed"]) == (len(ids), 0), metered
+
+
+def _remove_by_hand(client: redis.Redis, job_ids: set[str]) -> None:
+    """What a write lost at a failover leaves: the pages' messages gone from the lane, and their markers with them
+    (one script wrote both)."""
+    for key in broker_keys(Lane.BATCH):
+        for raw in client.lrange(key, 0, -1):
+            if page_job_id(raw) in job_ids:
+                client.lrem(key, 1, raw)
+    for key in client.scan_iter(match=keys.fair(Lane.BATCH.value).ingest_prefix + "*"):
+        for raw in client.zrange(key, 0, -1):
+            if page_job_id(raw) in job_ids:
+                client.zrem(key, raw)
+    client.srem(keys.PRESENT, *job_ids)
+
+
+def _cost(client: redis.Redis, action: Callable[[], object]) -> tuple[int, int]:
+    """Redis commands run and bytes Redis sent while ``action`` ran (two INFO calls included, the same each time)."""
+    def reading() -> tuple[int, int]:
+        calls = sum(int(v["calls"]) for v in client.info("commandstats").values())
+        return calls, int(client.info("stats")["total_net_output_bytes"])
+    (calls, sent), _, (calls_after, sent_after) = reading(), action(), reading()
+    return calls_after - calls, sent_after - sent
+
+
+def test_messages_lost_by_hand_are_published_again_at_a_cost_the_backlog_does_not_change(
+        stack_factory: Callable[..., Stack]) -> None:
+    stack = stack_factory()
+    producer = Producer(stack)
+    ids = producer.submit(range(40), Lane.BATCH)
+    with producer.db.session() as s:  # published ten minutes ago
+        for row in s.query(JobRow).filter(JobRow.id.in_(ids)):
+            row.enqueued_at = utcnow() - timedelta(minutes=10)
+    client = redis.Redis.from_url(stack.settings.redis.url)
+    assert client.scard(keys.PRESENT) == len(ids)
+    keeper = LeaseKeeper(producer.db, DelayedPages(client), client, WorkerSettings(lost_check_pages=100),
+                         RetryPolicy(), worker="w")
+    try:
+        keeper.sweep()  # its scripts loaded (a first EVALSHA answers NOSCRIPT)
+        small = _cost(client, keeper.sweep)
+        assert client.zcard(keys.DELAYED) == 0  # nothing lost, nothing published
+        fill_backlog(client, FairLanes(client).waiting(Lane.BATCH)[0], 20_000)
+        large = _cost(client, keeper.sweep)
+        waiting = sum(len(m) for m in FairLanes(client).waiting(Lane.BATCH))
+        print(f"\none sweep with {len(ids)} pages waiting: {small[0]} commands, {small[1]} bytes read; with "
+              f"{len(ids) + 20_000} ({waiting} bytes of messages): {large[0]} commands, {large[1]} bytes read")
+        # The same commands; the bytes differ only by the INFO replies' own length.
+        assert large[0] <= small[0] and large[1] <= small[1] + 1024, (small, large)
+        assert waiting > 1000 * large[1]
+        lost = set(ids[5:8])
+        _remove_by_hand(client, lost)
+        keeper.sweep()
+        assert {m.decode().split()[0] for m in client.zrange(keys.DELAYED, 0, -1)} == lost
+        keeper.sweep()  # marked present again (delayed): not published twice
+        assert client.zcard(keys.DELAYED) == len(lost)
+    finally:
+        keeper.stop()
