@@ -180,4 +180,4 @@ class SentinelTransport(Transport):
     """``sentinel://host:26379;sentinel://...`` URLs, with ``master_name`` in the transport options."""
 
     Channel = SentinelChannel
-    default_port = 26379
+    default_port = 26379  # type: ignore[assignment]

@@ -9,6 +9,7 @@ import json
 import signal
 import subprocess
 import time
+from datetime import timedelta
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +17,8 @@ import redis
 
 from paperlane.priority.fair import FairLanes, Share
 from paperlane.priority.lanes import Lane
+from paperlane.storage.db import Database, utcnow
+from paperlane.storage.tables import JobRow
 from tests.services import ServiceError, _binary, _wait, free_port
 
 MASTER_NAME = "paperlane"
@@ -124,3 +127,10 @@ def fill_backlog(client: redis.Redis, template: bytes, n: int, *, prefix: str = 
     for i in range(n):
         job_id = f"{prefix}-{i:08d}"
         lanes.put(Lane.BATCH, message_like(template, job_id), 5, Share(f"t{i % 20}"), job_id=job_id)
+
+
+def published_long_ago(db: Database, job_ids: list[str]) -> None:
+    """Say the pages' messages went out ten minutes ago: past the sweep's wait for a lost message."""
+    with db.session() as s:
+        for row in s.query(JobRow).filter(JobRow.id.in_(job_ids)):
+            row.enqueued_at = utcnow() - timedelta(minutes=10)

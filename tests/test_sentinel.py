@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from datetime import date, timedelta
+from datetime import date
 from pathlib import Path
 
 import pytest
@@ -20,11 +20,10 @@ from paperlane.priority.messages import page_job_id
 from paperlane.retry import RetryPolicy
 from paperlane.settings import WorkerSettings
 from paperlane.storage import usage
-from paperlane.storage.db import utcnow
-from paperlane.storage.tables import JobRow
 from paperlane.workers.leases import LeaseKeeper
 from tests.conftest import Stack, until
-from tests.sentinels import MASTER_NAME, SentinelGroup, fill_backlog, start_sentinel_group
+from tests.sentinels import (MASTER_NAME, SentinelGroup, fill_backlog, published_long_ago,
+                             start_sentinel_group)
 from tests.sim_engine import start_sim_engine
 from tests.test_scheduling import Producer
 
@@ -109,9 +108,7 @@ def test_messages_lost_by_hand_are_published_again_at_a_cost_the_backlog_does_no
     stack = stack_factory()
     producer = Producer(stack)
     ids = producer.submit(range(40), Lane.BATCH)
-    with producer.db.session() as s:  # published ten minutes ago
-        for row in s.query(JobRow).filter(JobRow.id.in_(ids)):
-            row.enqueued_at = utcnow() - timedelta(minutes=10)
+    published_long_ago(producer.db, ids)
     client = redis.Redis.from_url(stack.settings.redis.url)
     assert client.scard(keys.PRESENT) == len(ids)
     keeper = LeaseKeeper(producer.db, DelayedPages(client), client, WorkerSettings(lost_check_pages=100),
