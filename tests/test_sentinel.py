@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from pydantic import ValidationError
 
 from paperlane.priority import keys
 from paperlane.priority.delayed import DelayedPages
@@ -18,7 +19,7 @@ from paperlane.priority.fair import FairLanes
 from paperlane.priority.lanes import Lane, broker_keys
 from paperlane.priority.messages import page_job_id
 from paperlane.retry import RetryPolicy
-from paperlane.settings import WorkerSettings
+from paperlane.settings import RedisSettings, WorkerSettings
 from paperlane.storage import usage
 from paperlane.workers.leases import LeaseKeeper
 from tests.conftest import Stack, until
@@ -28,6 +29,14 @@ from tests.sim_engine import start_sim_engine
 from tests.test_scheduling import Producer
 
 pytestmark = pytest.mark.slow
+
+
+def test_a_sentinel_url_lists_only_sentinels() -> None:
+    cfg = RedisSettings(url="sentinel://10.0.0.1:26379;sentinel://10.0.0.2/1")
+    assert cfg.sentinels == [("10.0.0.1", 26379), ("10.0.0.2", 26379)]
+    assert RedisSettings().sentinels == []
+    with pytest.raises(ValidationError, match="lists only Sentinels"):
+        RedisSettings(url="sentinel://10.0.0.1:26379;redis://10.0.0.2:6379/0")
 
 
 @pytest.fixture
@@ -61,6 +70,8 @@ def test_a_master_killed_mid_run_loses_no_page(stack_factory: Callable[..., Stac
         failover_s = time.monotonic() - killed_at
         rows = producer.wait(ids, timeout=300)
         recovered_s = time.monotonic() - killed_at
+        # The new master had none of the scripts: each answered NOSCRIPT once and was loaded again.
+        reloaded = redis.Redis(port=new).info("errorstats").get("errorstat_NOSCRIPT", {}).get("count", 0)
         calls = engine.requests()
     finally:
         engine.stop()
@@ -73,6 +84,7 @@ def test_a_master_killed_mid_run_loses_no_page(stack_factory: Callable[..., Stac
           f"{dict(Counter(per_page.values()))})")
     assert all(r.status == "succeeded" for r in rows.values()), [r.error for r in rows.values() if r.error]
     assert lost == 0
+    assert reloaded > 0
     assert max(per_page.values()) <= 2, per_page.most_common(5)
     assert all(w.alive() for w in workers), [w.output()[-3000:] for w in workers]
     assert len(stack.keys("results/")) == len(ids)
