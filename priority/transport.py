@@ -88,6 +88,15 @@ class Channel(kombu_redis.Channel):
                 self._fair = fair.FairLanes(client, buffer=int(self.fair_buffer))
         return self._fair
 
+    def _connparams(self, asynchronous: bool = False) -> Any:
+        # A broker lost mid-run (a failover): Celery collects the connection, then closes it again, and the channel's
+        # close (giving back its un-acked messages) asks for a new pool of a connection that is gone: kombu's
+        # AttributeError there ends the worker. A connection error instead is ignored by that close; the messages
+        # stay un-acked, for kombu's restore or the lost-message sweep (``workers.leases``).
+        if self.connection.client is None:
+            raise redis.ConnectionError("the broker connection was closed")
+        return super()._connparams(asynchronous)
+
     def _get_client(self) -> Any:
         super()._get_client()  # kombu's check of the redis-py version (paperlane sets no global_keyprefix)
         return functools.partial(_LaneCheckingRedis, set_aside=self._set_aside, popped=self._popped, sep=self.sep)

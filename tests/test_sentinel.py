@@ -53,7 +53,7 @@ def test_a_master_killed_mid_run_loses_no_page(stack_factory: Callable[..., Stac
     # message comes back after the visibility timeout (an hour).
     stack = stack_factory(REDIS__URL=sentinel_group.url, REDIS__MASTER_NAME=MASTER_NAME,
                           REDIS__VISIBILITY_TIMEOUT="30", WORKER__SWEEP_INTERVAL="5", WORKER__LOST_AFTER="15")
-    engine = start_sim_engine(tmp_path / "engine", slots=4, latency=0.5)
+    engine = start_sim_engine(tmp_path / "engine", slots=2, latency=0.5)  # 4 pages/s: a run of 50 s
     try:
         vllm = ("--engine", "vllm", "--engine-url", engine.url)
         producer = Producer(stack)
@@ -64,8 +64,9 @@ def test_a_master_killed_mid_run_loses_no_page(stack_factory: Callable[..., Stac
         def done() -> int:
             return sum(r.status in ("succeeded", "failed") for r in producer.rows(ids).values())
         until(lambda: done() >= 30, what="pages being worked on", timeout=180)
-        done_at_kill, killed_at = done(), time.monotonic()
         old = sentinel_group.kill_master()
+        done_at_kill, killed_at = done(), time.monotonic()
+        assert done_at_kill <= len(ids) - 50, "the master should die mid-run"
         new = sentinel_group.wait_failover(old)
         failover_s = time.monotonic() - killed_at
         rows = producer.wait(ids, timeout=300)
