@@ -47,10 +47,20 @@ _PRIORITY_SCALE = 1e13  # a message's score: priority * scale + its arrival numb
 
 # Shared by the scripts. KEYS: 1 tenants, 2 gone, 3 state, 4 weights, 5.. the lane's buffer lists, one per message
 # priority of the lane, its first priority first; ARGV: 1 tenant-set prefix, 2 ingest-set prefix, 3 buffer size,
-# 4 picks prefix, 5 lane, 6 the lane's first message priority.
+# 4 picks prefix, 5 lane, 6 the lane's first message priority, 7 the presence set (``priority.presence``).
+# A message put with its job id waits as "<job id>\n<message>" and its job id is in the presence set until the
+# message moves to the buffer: the same script takes both out, so a failover cannot split them.
 _LIB = """
 local TENANTS, GONE, STATE, WEIGHTS = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local TENANT_PREFIX, INGEST_PREFIX = ARGV[1], ARGV[2]
+local TENANT_PREFIX, INGEST_PREFIX, PRESENT = ARGV[1], ARGV[2], ARGV[7]
+
+-- A waiting member's message, its job id taken out of the presence set when ``leaving``.
+local function unwrap(member, leaving)
+  local nl = string.find(member, '\\n', 1, true)
+  if nl == nil then return member end
+  if leaving then redis.call('SREM', PRESENT, string.sub(member, 1, nl - 1)) end
+  return string.sub(member, nl + 1)
+end
 
 local function num(x) return string.format('%.17g', x) end
 
@@ -126,7 +136,7 @@ local function pick()
             if tnext > vt then redis.call('ZADD', GONE, num(tnext), t) end
           end
         end
-        return {popped[1], math.floor(tonumber(popped[2]) / SCALE)}
+        return {unwrap(popped[1], true), math.floor(tonumber(popped[2]) / SCALE)}
       end
     end
     t, tpass = first(TENANTS)
@@ -155,19 +165,20 @@ local function refill(most)
 end
 """.replace("SCALE", f"{_PRIORITY_SCALE:.0f}")
 
-# ARGV 7..: message, priority, tenant, ingest, tenant weight, ingest weight, then (optional) the presence set and
-# the message's job id: marked present in the same script, so a write lost at a failover loses both together.
+# ARGV 8..: message, priority, tenant, ingest, tenant weight, ingest weight, then (optional) the message's job id:
+# marked present in the same script, so a write lost at a failover loses both together.
 _PUT = _LIB + """
-add(ARGV[7], tonumber(ARGV[8]), ARGV[9], ARGV[10], ARGV[11], ARGV[12])
-if ARGV[14] then redis.call('SADD', ARGV[13], ARGV[14]) end
+local member = ARGV[8]
+if ARGV[14] then
+  member = ARGV[14] .. '\\n' .. member
+  redis.call('SADD', PRESENT, ARGV[14])
+end
+add(member, tonumber(ARGV[9]), ARGV[10], ARGV[11], ARGV[12], ARGV[13])
 return refill(tonumber(ARGV[3]))
 """
 
-# ARGV 7: the most messages to move; then (optional) the presence set and the job id of a message just popped.
-_REFILL = _LIB + """
-if ARGV[9] then redis.call('SREM', ARGV[8], ARGV[9]) end
-return refill(tonumber(ARGV[7]))
-"""
+# ARGV 8: the most messages to move.
+_REFILL = _LIB + "return refill(tonumber(ARGV[8]))"
 
 # Lua: append every message waiting in a lane's structure to ``out`` (tenants set, tenant prefix, ingest prefix).
 WAITING_LUA = """
@@ -175,7 +186,8 @@ local function waiting(tenants, tenant_prefix, ingest_prefix, out)
   for _, t in ipairs(redis.call('ZRANGE', tenants, 0, -1)) do
     for _, i in ipairs(redis.call('ZRANGE', tenant_prefix .. t, 0, -1)) do
       for _, m in ipairs(redis.call('ZRANGE', ingest_prefix .. t .. '.' .. i, 0, -1)) do
-        out[#out + 1] = m
+        local nl = string.find(m, '\\n', 1, true)
+        out[#out + 1] = nl and string.sub(m, nl + 1) or m
       end
     end
   end
@@ -185,13 +197,17 @@ end
 
 _WAITING = WAITING_LUA + "return waiting(KEYS[1], ARGV[1], ARGV[2], {})"
 
-# KEYS: tenants, gone, state, weights; ARGV: tenant prefix, ingest prefix. Empties the lane's structure; how many
-# messages it held.
+# KEYS: tenants, gone, state, weights; ARGV: tenant prefix, ingest prefix, presence set. Empties the lane's
+# structure (its pages no longer present); how many messages it held.
 _PURGE = """
 local n = 0
 for _, t in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   for _, i in ipairs(redis.call('ZRANGE', ARGV[1] .. t, 0, -1)) do
     local ik = ARGV[2] .. t .. '.' .. i
+    for _, m in ipairs(redis.call('ZRANGE', ik, 0, -1)) do
+      local nl = string.find(m, '\\n', 1, true)
+      if nl then redis.call('SREM', ARGV[3], string.sub(m, 1, nl - 1)) end
+    end
     n = n + redis.call('ZCARD', ik)
     redis.call('DEL', ik)
   end
@@ -291,17 +307,14 @@ class FairLanes:
         present (``priority.presence``) with it."""
         if priority not in lane_priorities(lane):
             raise ValueError(f"message priority {priority} is not one of lane {lane.value}'s")
-        marker = [keys.PRESENT, job_id] if job_id else []
         return int(self._put(keys=_keys(lane), args=[*_args(lane, self.buffer), message, priority, share.tenant,
                                                        share.ingest, share.tenant_weight, share.ingest_weight,
-                                                       *marker],
+                                                       *([job_id] if job_id else [])],
                              client=client or self._redis))
 
-    def refill(self, lane: Lane, *, client: redis.Redis | None = None, popped: str | None = None) -> int:
-        """Move messages into ``lane``'s buffer until it holds ``buffer`` (or nothing waits); how many moved.
-        ``popped``: the job id of the message a worker just popped, no longer present (``priority.presence``)."""
-        marker = [keys.PRESENT, popped] if popped else []
-        return int(self._refill(keys=_keys(lane), args=[*_args(lane, self.buffer), self.buffer, *marker],
+    def refill(self, lane: Lane, *, client: redis.Redis | None = None) -> int:
+        """Move messages into ``lane``'s buffer until it holds ``buffer`` (or nothing waits); how many moved."""
+        return int(self._refill(keys=_keys(lane), args=[*_args(lane, self.buffer), self.buffer],
                                 client=client or self._redis))
 
     def drain(self, lane: Lane, *, chunk: int = 1000) -> int:
@@ -316,7 +329,8 @@ class FairLanes:
 
     def purge(self, lane: Lane, *, client: redis.Redis | None = None) -> int:
         """Drop every message waiting in ``lane``'s structure (not its buffer); how many there were."""
-        return int(self._purge(keys=_keys(lane)[:4], args=_args(lane, self.buffer)[:2], client=client or self._redis))
+        return int(self._purge(keys=_keys(lane)[:4], args=[*_args(lane, self.buffer)[:2], keys.PRESENT],
+                               client=client or self._redis))
 
     def waiting(self, lane: Lane) -> list[bytes]:
         """Every message waiting in ``lane``'s structure (not its buffer), read in one script: for operators and
@@ -381,4 +395,4 @@ def _keys(lane: Lane) -> list[str]:
 def _args(lane: Lane, buffer: int) -> list[Any]:
     k = keys.fair(lane.value)
     return [k.tenant_prefix, k.ingest_prefix, buffer, keys.FAIR_PICKS,
-            lane.value, lane.base_priority]
+            lane.value, lane.base_priority, keys.PRESENT]

@@ -5,13 +5,14 @@ killed between the two, or Redis going down between them, loses that message), a
 asynchronously (a failover to a replica loses the last ones: a page's message just published). The job stays
 ``queued`` with no message anywhere. Workers look for such jobs now and then (``workers.leases``).
 
-Every message that waits (on a lane's list, by fair share behind it, or delayed) has its page's job id in one set,
-``keys.PRESENT``, written by the same script that puts the message (``priority.fair``, ``priority.delayed``; kombu's
-restore of an un-acked message in the same transaction, ``priority.transport``) and taken out when a worker pops
-it. A write lost at a failover loses the message and its marker together. So a sweep asks about the pages it
+Every message that waits by fair share behind a lane's buffer, or delayed, has its page's job id in one set,
+``keys.PRESENT``, put there by the same script that puts the message (``priority.fair``, ``priority.delayed``) and
+taken out by the script that moves the message onto the lane's buffer (a few messages per lane): a failover keeps or
+loses both together. (With fair share off, messages wait on the lanes' lists: marked when published and when kombu
+restores an un-acked one, ``priority.transport``, and unmarked when popped.) So a sweep asks about the pages it
 suspects (``missing``: one SMISMEMBER per 10,000 pages), whatever the length of the queues; only for pages with no
-marker does it read the messages delivered to workers and not yet acknowledged (``in_flight``), which are as many
-as the pages in progress, never the backlog.
+marker does it read the lanes' buffers (``in_buffers``) and the messages delivered to workers and not yet
+acknowledged (``in_flight``): as many as the pages in progress and in the buffers, never the backlog.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import json
 import redis
 
 from paperlane.priority import keys
+from paperlane.priority.lanes import Lane, broker_keys
 from paperlane.priority.messages import BadMessage, page_job_id
 
 _CHUNK = 10_000  # job ids per SMISMEMBER
@@ -51,4 +53,20 @@ def in_flight(client: redis.Redis, *, since: float) -> set[str]:
             found.add(page_job_id(json.dumps(json.loads(value)[0]).encode()))  # type: ignore[arg-type]
         except (ValueError, IndexError, TypeError, BadMessage):
             continue  # acknowledged in between (None), or not a page's message
+    return found
+
+
+def in_buffers(client: redis.Redis) -> set[str]:
+    """Ids of the pages whose message is on a lane's lists: with fair share on, the lanes' short buffers (and the
+    messages kombu gave back there); with it off, every waiting message (do not call it then)."""
+    with client.pipeline(transaction=False) as pipe:
+        for lane in Lane:
+            for key in broker_keys(lane):
+                pipe.lrange(key, 0, -1)
+        found: set[str] = set()
+        for raw in (m for reply in pipe.execute() for m in reply):
+            try:
+                found.add(page_job_id(raw))
+            except BadMessage:
+                continue
     return found

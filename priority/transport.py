@@ -122,12 +122,12 @@ class Channel(kombu_redis.Channel):
             self.lanes.put(lane, raw, priority, share, client=client, job_id=job_id)
 
     def _popped(self, lane: Lane, job_id: str | None) -> None:
-        """A message of ``lane`` left its buffer: no longer present (``priority.presence``); move the next one in by
-        fair share."""
+        """A message of ``lane`` left its buffer: move the next one in by fair share (which takes that one's job id
+        out of the presence set, ``priority.presence``), or, with fair share off, take this one's out."""
         try:
             with self.conn_or_acquire() as client:
                 if self.fair_share:
-                    self.lanes.refill(lane, client=client, popped=job_id)
+                    self.lanes.refill(lane, client=client)
                 elif job_id:
                     client.srem(keys.PRESENT, job_id)
         except redis.RedisError as exc:  # the consumer notices a broken broker on its own; the sweep refills

@@ -124,8 +124,10 @@ class LeaseKeeper:
         try:
             suspects = presence.missing(self.redis, [q.job_id for q in batch])
             if suspects:
-                suspects = [j for j in suspects
-                            if j not in presence.in_flight(self.redis, since=time.time() - cfg.lost_after)]
+                there = presence.in_flight(self.redis, since=time.time() - cfg.lost_after)
+                if self.fair_share:
+                    there |= presence.in_buffers(self.redis)
+                suspects = [j for j in suspects if j not in there]
         except redis.RedisError as exc:
             raise StorageUnavailable(f"redis: {exc}") from exc
         # Redis was read after the database: a page popped and started in between is no longer queued.
