@@ -2,11 +2,14 @@
 
 A private Redis holds --pages real-shaped page messages (one real message published through paperlane's transport,
 the rest made like it with job ids of their own) on the batch lane's list, each marked present as the transport marks
-it, --in-flight messages un-acked by workers, and --lost pages whose message and marker are gone (a write lost at a
-failover). One sweep then asks about --check pages (``worker.lost_check_pages``: the lost ones among them):
+them with fair share off, --in-flight messages un-acked by workers, and --lost pages whose message and marker are
+gone (a write lost at a failover). One sweep then asks about --check pages (``worker.lost_check_pages``: the lost
+ones among them):
 
 - ``presence``: ``priority.presence.missing`` (one SMISMEMBER per 10,000 pages) and, for the pages with no marker,
-  ``in_flight`` (the un-acked messages delivered in the last lost_after seconds): what ``workers.leases`` runs now.
+  ``in_flight`` (the un-acked messages delivered in the last lost_after seconds): what ``workers.leases`` runs (with
+  fair share on it also reads the lanes' buffers, ``in_buffers``: a few messages per lane, not measured here, where
+  the lane's list is the whole backlog).
 - ``today``: main's ``jobs_in_redis`` at a0249ec (kept below as it was), which reads every queue, fair-share set,
   un-acked message and delayed page in one script; with its shipped limit (5,000 messages) it reads nothing past it
   and finds no lost page, so it is measured with the limit lifted too.
