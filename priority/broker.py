@@ -39,10 +39,6 @@ def make_celery(settings: Settings) -> Celery:
         broker_transport=f"paperlane.priority.transport:{'SentinelTransport' if settings.redis.sentinels else 'Transport'}",
         broker_transport_options=transport,
         broker_connection_retry_on_startup=True,
-        # A failover (celery#7946): a command on a master demoted to replica answers READONLY, a channel error Celery
-        # would stop the worker on; retried like a lost connection instead, which reconnects to the new master.
-        broker_channel_error_retry=True,
-        broker_connection_max_retries=None,  # a failover may take longer than the default's 100 quick tries
         task_default_queue=Lane.BATCH.queue,
         task_queues=None,
         task_routes={TASK_PROCESS_PAGE: {"queue": Lane.BATCH.queue}},
@@ -58,6 +54,14 @@ def make_celery(settings: Settings) -> Celery:
         worker_send_task_events=True,
         broker_heartbeat=0,
     )
+    if settings.redis.sentinels:
+        app.conf.update(
+            # A failover (celery#7946): a command on a master demoted to replica answers READONLY, a channel error
+            # Celery would stop the worker on; retried like a lost connection instead, which reconnects to the new
+            # master.
+            broker_channel_error_retry=True,
+            broker_connection_max_retries=None,  # a failover may take longer than the default's 100 quick tries
+        )
     return app
 
 
