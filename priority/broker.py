@@ -34,9 +34,10 @@ def make_celery(settings: Settings) -> Celery:
         "fair_buffer": settings.fair_share.buffer,
         **_sentinel_options(settings.redis),
     }
+    kind = "SentinelTransport" if settings.redis.sentinels else "Transport"
     app.conf.update(
         # kombu's Redis transport, checking each lane message before kombu reads it (priority.transport).
-        broker_transport=f"paperlane.priority.transport:{'SentinelTransport' if settings.redis.sentinels else 'Transport'}",
+        broker_transport=f"paperlane.priority.transport:{kind}",
         broker_transport_options=transport,
         broker_connection_retry_on_startup=True,
         task_default_queue=Lane.BATCH.queue,
@@ -77,9 +78,9 @@ def send_page(app: Celery, job_id: str, lane: Lane, message_priority: int, *, sh
 
 
 def _sentinel_options(cfg: RedisSettings) -> dict[str, Any]:
-    """kombu's transport options for a ``sentinel://`` URL: the master's name, the Sentinels' password, and (celery#6348,
-    a master whose host vanished without closing its sockets) keepalive and timeouts, so a dead connection is noticed
-    and the next one goes to the master the Sentinels name."""
+    """kombu's transport options for a ``sentinel://`` URL: the master's name, the Sentinels' password, and
+    (celery#6348, a master whose host vanished without closing its sockets) keepalive and timeouts, so a dead
+    connection is noticed and the next one goes to the master the Sentinels name."""
     if not cfg.sentinels:
         return {}
     password = cfg.sentinel_password.get_secret_value() if cfg.sentinel_password else None

@@ -36,7 +36,8 @@ FAILOVER_ERRORS = (ConnectionError, TimeoutError, ReadOnlyError)
 
 def open_redis(cfg: RedisSettings) -> redis.Redis:
     """A client with a connection pool of its own, for one process; close it when the process stops."""
-    options: dict[str, Any] = {"socket_timeout": SOCKET_TIMEOUT, "socket_connect_timeout": SOCKET_TIMEOUT, "socket_keepalive": True}
+    options: dict[str, Any] = {"socket_timeout": SOCKET_TIMEOUT, "socket_connect_timeout": SOCKET_TIMEOUT,
+                               "socket_keepalive": True}
     if not cfg.sentinels:
         return redis.Redis.from_url(cfg.url, **options)
     first = urlsplit(cfg.url.split(";")[0])
