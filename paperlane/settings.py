@@ -16,6 +16,7 @@ import json
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -26,12 +27,32 @@ DEFAULT_OUTPUT_FORMATS = (OutputFormat.JSON, OutputFormat.MD, OutputFormat.PDF)
 
 
 class RedisSettings(BaseModel):
-    url: str = "redis://127.0.0.1:6379/0"
+    url: str = Field("redis://127.0.0.1:6379/0", description="redis://host:port/db, or Redis Sentinel: "
+                     "sentinel://host1:26379;sentinel://host2:26379/db (every Sentinel of the group, ';'-separated)")
+    master_name: str = Field("mymaster", description="with sentinel:// URLs: the name the Sentinels monitor the "
+                             "master under")
+    sentinel_password: SecretStr | None = Field(None, description="with sentinel:// URLs: the Sentinels' own "
+                                                "password (requirepass of the Sentinels), if they have one; the "
+                                                "master's password goes in the URL")
     # Seconds before Redis hands an un-acked message to another worker. Must stay well above the
     # longest page; redelivered pages are harmless (results are idempotent) but cost work.
     visibility_timeout: int = 3600
     key_prefix: str = Field("", description="put in front of every Redis key and channel of this deployment "
                              "(paperlane's, Celery's and kombu's): several deployments or test runs on one Redis")
+
+    @property
+    def sentinels(self) -> list[tuple[str, int]]:
+        """The (host, port) of each Sentinel of a ``sentinel://`` URL; empty for a plain Redis URL."""
+        return [(u.hostname or "127.0.0.1", u.port or 26379) for u in map(urlsplit, self.url.split(";"))
+                if u.scheme == "sentinel"]
+
+    @field_validator("url")
+    @classmethod
+    def _one_kind(cls, value: str) -> str:
+        schemes = {urlsplit(part).scheme for part in value.split(";")}
+        if "sentinel" in schemes and schemes != {"sentinel"}:
+            raise ValueError("redis.url: a sentinel:// URL lists only Sentinels (sentinel://host:26379;sentinel://...)")
+        return value
 
 
 class DatabaseSettings(BaseModel):
@@ -201,8 +222,15 @@ class WorkerSettings(BaseModel):
                                   "the engine finish before it hands them back too; keep it below the supervisor's "
                                   "kill timeout (compose stop_grace_period, Kubernetes terminationGracePeriodSeconds)")
     sweep_interval: float = Field(60.0, gt=0, description="seconds between a worker's looks for queued pages whose "
-                                  "message never went out or was lost by Redis (it reads Redis whole then, while "
-                                  "it holds at most 5,000 messages), and for document outputs nobody is writing")
+                                  "message never went out or was lost by Redis (lost_check_pages of them each "
+                                  "time), and for document outputs nobody is writing")
+    lost_after: float = Field(120.0, gt=0, description="seconds after its message went out that a queued page with "
+                              "no message left in Redis (lost by a failover, or by a worker killed between its pop "
+                              "and its un-acked record), or one received by a worker that never started it, is "
+                              "published again")
+    lost_check_pages: int = Field(10_000, ge=1, description="queued pages one sweep asks Redis about (a cursor "
+                                  "through the backlog, one SMISMEMBER): a sweep's cost is bounded by it, and a "
+                                  "lost page is found within backlog / lost_check_pages sweeps")
     output_formats: Annotated[tuple[OutputFormat, ...], NoDecode] = Field(
         DEFAULT_OUTPUT_FORMATS, min_length=1, description="what a finished document is written as: any of json, md, "
         "pdf, alto, page, hocr, mets (a JSON list or comma-separated); formats not listed cost nothing")

@@ -20,9 +20,10 @@ from paperlane.errors import StorageUnavailable
 from paperlane.priority import keys
 from paperlane.priority.fair import HEADER, Share
 from paperlane.priority.lanes import PRIORITY_STEPS, TASK_PROCESS_PAGE, Lane
+from paperlane.priority.connection import SOCKET_TIMEOUT
 from paperlane.priority.messages import PageMessage
 from paperlane.schemas import Stage
-from paperlane.settings import Settings
+from paperlane.settings import RedisSettings, Settings
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -40,10 +41,12 @@ def make_celery(settings: Settings) -> Celery:
         "fair_buffer": settings.fair_share.buffer,
         # kombu's own keys (queues, unacked, bindings) and fanout channels under redis.key_prefix, as paperlane's.
         "global_keyprefix": settings.redis.key_prefix,
+        **_sentinel_options(settings.redis),
     }
+    kind = "SentinelTransport" if settings.redis.sentinels else "Transport"
     app.conf.update(
         # kombu's Redis transport, checking each lane message before kombu reads it (priority.transport).
-        broker_transport="paperlane.priority.transport:Transport",
+        broker_transport=f"paperlane.priority.transport:{kind}",
         broker_transport_options=transport,
         broker_connection_retry_on_startup=True,
         task_default_queue=Lane.BATCH.queue,
@@ -61,6 +64,14 @@ def make_celery(settings: Settings) -> Celery:
         worker_send_task_events=True,
         broker_heartbeat=0,
     )
+    if settings.redis.sentinels:
+        app.conf.update(
+            # A failover (celery#7946): a command on a master demoted to replica answers READONLY, a channel error
+            # Celery would stop the worker on; retried like a lost connection instead, which reconnects to the new
+            # master.
+            broker_channel_error_retry=True,
+            broker_connection_max_retries=None,  # a failover may take longer than the default's 100 quick tries
+        )
     return app
 
 
@@ -92,3 +103,15 @@ class PagePublisher:
                               producer=producer)
         except OperationalError as exc:
             raise StorageUnavailable(f"broker unreachable: {exc}", stage=self._stage.value) from exc
+
+
+def _sentinel_options(cfg: RedisSettings) -> dict[str, Any]:
+    """kombu's transport options for a ``sentinel://`` URL: the master's name, the Sentinels' password, and
+    (celery#6348, a master whose host vanished without closing its sockets) keepalive and timeouts, so a dead
+    connection is noticed and the next one goes to the master the Sentinels name."""
+    if not cfg.sentinels:
+        return {}
+    password = cfg.sentinel_password.get_secret_value() if cfg.sentinel_password else None
+    return {"master_name": cfg.master_name, "sentinel_kwargs": {"password": password, "socket_timeout": SOCKET_TIMEOUT},
+            "socket_keepalive": True, "socket_timeout": SOCKET_TIMEOUT, "socket_connect_timeout": SOCKET_TIMEOUT,
+            "health_check_interval": 5}

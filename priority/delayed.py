@@ -55,11 +55,13 @@ class Delayed(Protocol[T]):
 
 STALE_S = 30.0  # a page claimed this long ago and still not released: its releaser died
 
-# KEYS: delayed; ARGV: member, delay seconds. Due = Redis server time + delay.
+# KEYS: delayed, presence set; ARGV: member, delay seconds, job id. Due = Redis server time + delay. The page is
+# marked present (``priority.presence``) in the same script.
 _SCHEDULE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('SADD', KEYS[2], ARGV[3])
 return tostring(now + tonumber(ARGV[2]))
 """
 
@@ -103,7 +105,7 @@ class DelayedPages:
     def add(self, page: PageMessage, delay: float) -> None:
         """Put ``page`` back on its lane after ``delay`` seconds. Raises StorageUnavailable."""
         try:
-            self._schedule(keys=[keys.DELAYED], args=[page.member(), max(0.0, delay)])
+            self._schedule(keys=[keys.DELAYED, keys.PRESENT], args=[page.member(), max(0.0, delay), page.job_id])
             self._redis.publish(keys.DELAYED_CHANNEL, b"1")
         except redis.RedisError as exc:
             raise StorageUnavailable(f"broker unreachable: {exc}", stage="inference") from exc

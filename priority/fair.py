@@ -48,10 +48,20 @@ _PRIORITY_SCALE = 1e13  # a message's score: priority * scale + its arrival numb
 
 # Shared by the scripts. KEYS: 1 tenants, 2 gone, 3 state, 4 weights, 5.. the lane's buffer lists, one per message
 # priority of the lane, its first priority first; ARGV: 1 tenant-set prefix, 2 ingest-set prefix, 3 buffer size,
-# 4 picks prefix, 5 lane, 6 the lane's first message priority.
+# 4 picks prefix, 5 lane, 6 the lane's first message priority, 7 the presence set (``priority.presence``).
+# A message put with its job id waits as "<job id>\n<message>" and its job id is in the presence set until the
+# message moves to the buffer: the same script takes both out, so a failover cannot split them.
 _LIB = """
 local TENANTS, GONE, STATE, WEIGHTS = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local TENANT_PREFIX, INGEST_PREFIX = ARGV[1], ARGV[2]
+local TENANT_PREFIX, INGEST_PREFIX, PRESENT = ARGV[1], ARGV[2], ARGV[7]
+
+-- A waiting member's message, its job id taken out of the presence set when ``leaving``.
+local function unwrap(member, leaving)
+  local nl = string.find(member, '\\n', 1, true)
+  if nl == nil then return member end
+  if leaving then redis.call('SREM', PRESENT, string.sub(member, 1, nl - 1)) end
+  return string.sub(member, nl + 1)
+end
 
 local function num(x) return string.format('%.17g', x) end
 
@@ -127,7 +137,7 @@ local function pick()
             if tnext > vt then redis.call('ZADD', GONE, num(tnext), t) end
           end
         end
-        return {popped[1], math.floor(tonumber(popped[2]) / SCALE)}
+        return {unwrap(popped[1], true), math.floor(tonumber(popped[2]) / SCALE)}
       end
     end
     t, tpass = first(TENANTS)
@@ -156,14 +166,20 @@ local function refill(most)
 end
 """.replace("SCALE", f"{_PRIORITY_SCALE:.0f}")
 
-# ARGV 7..: message, priority, tenant, ingest, tenant weight, ingest weight.
+# ARGV 8..: message, priority, tenant, ingest, tenant weight, ingest weight, then (optional) the message's job id:
+# marked present in the same script, so a write lost at a failover loses both together.
 _PUT = _LIB + """
-add(ARGV[7], tonumber(ARGV[8]), ARGV[9], ARGV[10], ARGV[11], ARGV[12])
+local member = ARGV[8]
+if ARGV[14] then
+  member = ARGV[14] .. '\\n' .. member
+  redis.call('SADD', PRESENT, ARGV[14])
+end
+add(member, tonumber(ARGV[9]), ARGV[10], ARGV[11], ARGV[12], ARGV[13])
 return refill(tonumber(ARGV[3]))
 """
 
-# ARGV 7: the most messages to move.
-_REFILL = _LIB + "return refill(tonumber(ARGV[7]))"
+# ARGV 8: the most messages to move.
+_REFILL = _LIB + "return refill(tonumber(ARGV[8]))"
 
 # Lua: append every message waiting in a lane's structure to ``out`` (tenants set, tenant prefix, ingest prefix).
 WAITING_LUA = """
@@ -171,7 +187,8 @@ local function waiting(tenants, tenant_prefix, ingest_prefix, out)
   for _, t in ipairs(redis.call('ZRANGE', tenants, 0, -1)) do
     for _, i in ipairs(redis.call('ZRANGE', tenant_prefix .. t, 0, -1)) do
       for _, m in ipairs(redis.call('ZRANGE', ingest_prefix .. t .. '.' .. i, 0, -1)) do
-        out[#out + 1] = m
+        local nl = string.find(m, '\\n', 1, true)
+        out[#out + 1] = nl and string.sub(m, nl + 1) or m
       end
     end
   end
@@ -181,13 +198,17 @@ end
 
 _WAITING = WAITING_LUA + "return waiting(KEYS[1], ARGV[1], ARGV[2], {})"
 
-# KEYS: tenants, gone, state, weights; ARGV: tenant prefix, ingest prefix. Empties the lane's structure; how many
-# messages it held.
+# KEYS: tenants, gone, state, weights; ARGV: tenant prefix, ingest prefix, presence set. Empties the lane's
+# structure (its pages no longer present); how many messages it held.
 _PURGE = """
 local n = 0
 for _, t in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   for _, i in ipairs(redis.call('ZRANGE', ARGV[1] .. t, 0, -1)) do
     local ik = ARGV[2] .. t .. '.' .. i
+    for _, m in ipairs(redis.call('ZRANGE', ik, 0, -1)) do
+      local nl = string.find(m, '\\n', 1, true)
+      if nl then redis.call('SREM', ARGV[3], string.sub(m, 1, nl - 1)) end
+    end
     n = n + redis.call('ZCARD', ik)
     redis.call('DEL', ik)
   end
@@ -282,13 +303,15 @@ class FairLanes:
         self._set_weight = Script(client, _SET_WEIGHT)
 
     def put(self, lane: Lane, message: bytes | str, priority: int, share: Share, *,
-            client: redis.Redis | None = None) -> int:
+            client: redis.Redis | None = None, job_id: str | None = None) -> int:
         """Queue ``message`` (a page's, at message ``priority``, one of the lane's) behind its tenant and ingest in
-        ``lane``, and refill the lane's buffer; how many messages moved to the buffer."""
+        ``lane``, and refill the lane's buffer; how many messages moved to the buffer. ``job_id``: the page's, marked
+        present (``priority.presence``) with it."""
         if priority not in lane_priorities(lane):
             raise ValueError(f"message priority {priority} is not one of lane {lane.value}'s")
-        return int(self._put(keys=_keys(lane), args=[*_args(lane, self.buffer, self._prefix), message, priority, share.tenant,
-                                                       share.ingest, share.tenant_weight, share.ingest_weight],
+        return int(self._put(keys=_keys(lane), args=[*_args(lane, self.buffer, self._prefix), message, priority,
+                                                       share.tenant, share.ingest, share.tenant_weight,
+                                                       share.ingest_weight, *([job_id] if job_id else [])],
                              client=client or self._redis))
 
     def refill(self, lane: Lane, *, client: redis.Redis | None = None) -> int:
@@ -308,7 +331,9 @@ class FairLanes:
 
     def purge(self, lane: Lane, *, client: redis.Redis | None = None) -> int:
         """Drop every message waiting in ``lane``'s structure (not its buffer); how many there were."""
-        return int(self._purge(keys=_keys(lane)[:4], args=_args(lane, self.buffer, self._prefix)[:2], client=client or self._redis))
+        return int(self._purge(keys=_keys(lane)[:4], args=[*_args(lane, self.buffer, self._prefix)[:2],
+                                                            self._prefix + keys.PRESENT],
+                               client=client or self._redis))
 
     def waiting(self, lane: Lane) -> list[bytes]:
         """Every message waiting in ``lane``'s structure (not its buffer), read in one script: for operators and
@@ -374,4 +399,4 @@ def _keys(lane: Lane) -> list[str]:
 def _args(lane: Lane, buffer: int, prefix: str) -> list[Any]:
     k = keys.fair(lane.value)
     return [prefix + k.tenant_prefix, prefix + k.ingest_prefix, buffer, prefix + keys.FAIR_PICKS,
-            lane.value, lane.base_priority]
+            lane.value, lane.base_priority, prefix + keys.PRESENT]

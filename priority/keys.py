@@ -12,6 +12,8 @@ messages delivered but not yet acknowledged (``UNACKED``), with its index of del
     paperlane.delayed.releasing        ... claimed, being put back on their lane
     paperlane.delayed (channel)        "a page was delayed": wakes every worker's retry clock
     paperlane.dead-letter              messages no worker could take (list, newest first)   priority.deadletter
+    paperlane.present                  pages whose message waits on a lane, by fair share or delayed (set of job
+                                       ids; taken out when a worker pops the message)         priority.presence
     paperlane.answer.<job>             an engine's answer, kept an hour                   workers.answers
     paperlane.rate.<subject>           the API's requests in the last minute, per key, tenant and (failed
                                        authentications) client address: a sliding log   producer.api.limits
@@ -42,6 +44,7 @@ DELAYED = "paperlane.delayed"
 RELEASING = "paperlane.delayed.releasing"
 DELAYED_CHANNEL = "paperlane.delayed"
 DEAD_LETTERS = "paperlane.dead-letter"
+PRESENT = "paperlane.present"
 _ANSWER = "paperlane.answer."
 _RATE = "paperlane.rate."
 _STREAMS = "paperlane.streams."

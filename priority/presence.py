@@ -1,86 +1,72 @@
-"""Which jobs have a message in Redis: on a lane's queue, waiting by fair share behind it, un-acked by a worker, or
-delayed.
+"""Which queued pages have a message in Redis, asked about the pages, not by reading the queues.
 
-Redis's queues are at-most-once at one point: a worker pops a message and then records it as un-acked;
-a worker killed between the two, or Redis going down between them, loses that message. The job stays
-``queued`` with no message anywhere. Workers look for such jobs now and then (``workers.leases``):
-this module says which jobs Redis does hold, read in one pass (one script: a message moving from one place to
-another is seen once) while the queues are small enough to read.
+Redis's queues are at-most-once at two points: a worker pops a message and then records it as un-acked (a worker
+killed between the two, or Redis going down between them, loses that message), and Redis replicates writes
+asynchronously (a failover to a replica loses the last ones: a page's message just published). The job stays
+``queued`` with no message anywhere. Workers look for such jobs now and then (``workers.leases``).
+
+Every message that waits by fair share behind a lane's buffer, or delayed, has its page's job id in one set,
+``keys.PRESENT``, put there by the same script that puts the message (``priority.fair``, ``priority.delayed``) and
+taken out by the script that moves the message onto the lane's buffer (a few messages per lane): a failover keeps or
+loses both together. (With fair share off, messages wait on the lanes' lists: marked when published and when kombu
+restores an un-acked one, ``priority.transport``, and unmarked when popped.) So a sweep asks about the pages it
+suspects (``missing``: one SMISMEMBER per 10,000 pages), whatever the length of the queues; only for pages with no
+marker does it read the lanes' buffers (``in_buffers``) and the messages delivered to workers and not yet
+acknowledged (``in_flight``): as many as the pages in progress and in the buffers, never the backlog.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import redis
 
-from paperlane.priority import fair, keys
-from paperlane.priority.keyspace import prefix_of
+from paperlane.priority import keys
 from paperlane.priority.lanes import Lane, broker_keys
 from paperlane.priority.messages import BadMessage, PageMessage, page_job_id
 
-# KEYS: unacked, unacked index, delayed, releasing, then each lane's tenants set; ARGV: the earliest delivery time
-# of an un-acked message that counts, the lists, then per lane its tenant and ingest prefixes. Returns {lane
-# messages (queued and waiting by fair share), un-acked values delivered since then, delayed, releasing}.
-_SNAPSHOT = fair.WAITING_LUA + """
-local lanes = #KEYS - 4
-local queued = {}
-for k = 2, #ARGV - 2 * lanes do
-  for _, m in ipairs(redis.call('LRANGE', ARGV[k], 0, -1)) do queued[#queued + 1] = m end
-end
-for l = 1, lanes do
-  waiting(KEYS[4 + l], ARGV[#ARGV - 2 * lanes + 2 * l - 1], ARGV[#ARGV - 2 * lanes + 2 * l], queued)
-end
-local unacked = {}
-for _, tag in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], ARGV[1], '+inf')) do
-  local value = redis.call('HGET', KEYS[1], tag)
-  if value then unacked[#unacked + 1] = value end
-end
-return {queued, unacked, redis.call('ZRANGE', KEYS[3], 0, -1), redis.call('ZRANGE', KEYS[4], 0, -1)}
-"""
+_CHUNK = 10_000  # job ids per SMISMEMBER
 
 
-def jobs_in_redis(client: redis.Redis, *, limit: int, unacked_since: float = 0.0) -> set[str] | None:
-    """Ids of the jobs with a message in Redis, or None when it holds more than ``limit`` (too many to read;
-    a queue that long is being worked through anyway). An un-acked message counts only if it was delivered at
-    or after ``unacked_since`` (epoch seconds): one delivered to a worker killed before it started the page
-    stays un-acked until kombu's visibility timeout (an hour) gives it back."""
-    lists = [key for lane in Lane for key in broker_keys(lane)]
+def missing(client: redis.Redis, job_ids: list[str]) -> list[str]:
+    """The ids among ``job_ids`` that have no message waiting in Redis (popped by a worker since, or lost)."""
+    if not job_ids:
+        return []
     with client.pipeline(transaction=False) as pipe:
-        for key in lists:
-            pipe.llen(key)
-        pipe.hlen(keys.UNACKED)
-        pipe.zcard(keys.DELAYED)
-        pipe.zcard(keys.RELEASING)
-        for lane in Lane:
-            fair.held(pipe, lane)
-        sizes = pipe.execute()
-    if sum(fair.count(n) for n in sizes) > limit:
-        return None
-    prefix = prefix_of(client)  # the lists and set prefixes below are script arguments, not keys
-    structures = [fair.structure_keys(lane, prefix) for lane in Lane]
-    queued, unacked, delayed, releasing = client.eval(
-        _SNAPSHOT, 4 + len(structures), keys.UNACKED, keys.UNACKED_INDEX, keys.DELAYED, keys.RELEASING,
-        *(s[0] for s in structures), repr(unacked_since), *(prefix + key for key in lists), *(prefix for s in structures for prefix in s[1:]))
+        for start in range(0, len(job_ids), _CHUNK):
+            pipe.smismember(keys.PRESENT, job_ids[start:start + _CHUNK])
+        found = [flag for reply in pipe.execute() for flag in reply]
+    return [job_id for job_id, there in zip(job_ids, found) if not there]
+
+
+def in_flight(client: redis.Redis, *, since: float) -> set[str]:
+    """Ids of the pages whose message a worker received at or after ``since`` (epoch seconds) and has not
+    acknowledged. One received earlier and still un-acked is held by a worker that died before it started the page
+    (a live one starts what it receives at once: prefetch 1): kombu gives it back only after its visibility timeout
+    (an hour), so it does not count."""
+    tags: list[bytes] = list(client.zrangebyscore(keys.UNACKED_INDEX, since, "+inf"))  # type: ignore[arg-type]
+    if not tags:
+        return set()
     found: set[str] = set()
-    for raw in queued:
-        _add(found, raw)
-    for value in unacked:
+    for value in client.hmget(keys.UNACKED, tags):
         try:
-            _add(found, json.dumps(json.loads(value)[0]).encode())
-        except (ValueError, IndexError, TypeError):
-            continue
-    for member in (*delayed, *releasing):
-        try:
-            found.add(PageMessage.parse(member).job_id)
-        except ValueError:
-            continue
+            found.add(page_job_id(json.dumps(json.loads(value)[0]).encode()))  # type: ignore[arg-type]
+        except (ValueError, IndexError, TypeError, BadMessage):
+            continue  # acknowledged in between (None), or not a page's message
     return found
 
 
-def _add(found: set[str], raw: Any) -> None:
-    try:
-        found.add(page_job_id(raw))
-    except BadMessage:
-        pass
+def in_buffers(client: redis.Redis) -> set[str]:
+    """Ids of the pages whose message is on a lane's lists: with fair share on, the lanes' short buffers (and the
+    messages kombu gave back there); with it off, every waiting message (do not call it then)."""
+    with client.pipeline(transaction=False) as pipe:
+        for lane in Lane:
+            for key in broker_keys(lane):
+                pipe.lrange(key, 0, -1)
+        found: set[str] = set()
+        for raw in (m for reply in pipe.execute() for m in reply):
+            try:
+                found.add(page_job_id(raw))
+            except BadMessage:
+                continue
+    return found

@@ -18,7 +18,8 @@ The size and purge of a lane queue (``celery inspect``, ``celery purge``) count 
 through a client of ``priority.keyspace`` on the same pool, which prefixes every key of a script, not the first only.
 
 ``priority.broker.make_celery`` selects this transport for paperlane's Celery app, the producer's and
-the workers' alike; the queues, keys and priorities are kombu's Redis layout, unchanged.
+the workers' alike (``SentinelTransport`` for ``sentinel://`` URLs); the queues, keys and priorities are kombu's
+Redis layout, unchanged.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import redis
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
-from paperlane.priority import fair
+from paperlane.priority import fair, keys
 from paperlane.priority.deadletter import DeadLetters
 from paperlane.priority.keyspace import with_prefix
 from paperlane.priority.lanes import Lane
@@ -42,7 +43,7 @@ from paperlane.priority.messages import BadMessage, page_job_id, page_share
 log = logging.getLogger(__name__)
 
 SetAside = Callable[[str, bytes, str], None]  # (key, message, reason)
-Popped = Callable[[Lane], None]
+Popped = Callable[[Lane, str | None], None]  # (lane, the popped page's job id)
 
 
 class _LaneChecking(redis.Redis):
@@ -63,12 +64,13 @@ class _LaneChecking(redis.Redis):
         lane = Lane.of_queue(key.rsplit(self._sep, 1)[0])
         if lane is None:
             return response
-        self._popped(lane)
         try:
-            page_job_id(raw)
+            job_id = page_job_id(raw)
         except BadMessage as exc:
+            self._popped(lane, None)
             self._set_aside(key, raw, exc.reason)
             return None  # kombu: nothing arrived before the timeout; it pops again
+        self._popped(lane, job_id)
         return response
 
 
@@ -100,6 +102,15 @@ class Channel(kombu_redis.Channel):
                 self._fair = fair.FairLanes(client, buffer=int(self.fair_buffer))
         return self._fair
 
+    def _connparams(self, asynchronous: bool = False) -> Any:
+        # A broker lost mid-run (a failover): Celery collects the connection, then closes it again, and the channel's
+        # close (giving back its un-acked messages) asks for a new pool of a connection that is gone: kombu's
+        # AttributeError there ends the worker. A connection error instead is ignored by that close; the messages
+        # stay un-acked, for kombu's restore or the lost-message sweep (``workers.leases``).
+        if self.connection.client is None:
+            raise redis.ConnectionError("the broker connection was closed")
+        return super()._connparams(asynchronous)
+
     def _get_client(self) -> Any:
         super()._get_client()  # kombu's check of the redis-py version
         client = _PrefixedLaneCheckingRedis if self.global_keyprefix else _LaneCheckingRedis
@@ -115,25 +126,43 @@ class Channel(kombu_redis.Channel):
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
         lane = Lane.of_queue(queue)
-        if lane is None or not self.fair_share:
+        if lane is None:
             super()._put(queue, message, **kwargs)
+            return
+        raw = dumps(message)
+        job_id = _job_id(raw)
+        if not self.fair_share:
+            super()._put(queue, message, **kwargs)
+            if job_id:  # after the message: a marker lost alone costs a duplicate, never a page
+                with self.conn_or_acquire() as client:
+                    client.sadd(keys.PRESENT, job_id)
             return
         share = page_share(message.get("headers") or {})
         # A lane's messages keep to its priorities: a batch message cannot claim an interactive one.
         own = fair.lane_priorities(lane)
         priority = min(max(self._get_message_priority(message, reverse=False), own[0]), own[-1])
         with self._own_client() as client:
-            self.lanes.put(lane, dumps(message), priority, share, client=client)
+            self.lanes.put(lane, raw, priority, share, client=client, job_id=job_id)
 
-    def _popped(self, lane: Lane) -> None:
-        """A message of ``lane`` left its buffer: move the next one in by fair share."""
-        if not self.fair_share:
-            return
+    def _popped(self, lane: Lane, job_id: str | None) -> None:
+        """A message of ``lane`` left its buffer: move the next one in by fair share (which takes that one's job id
+        out of the presence set, ``priority.presence``), or, with fair share off, take this one's out."""
         try:
             with self._own_client() as client:
-                self.lanes.refill(lane, client=client)
+                if self.fair_share:
+                    self.lanes.refill(lane, client=client)
+                elif job_id:
+                    client.srem(keys.PRESENT, job_id)
         except redis.RedisError as exc:  # the consumer notices a broken broker on its own; the sweep refills
             log.warning("fair share: refill of %s failed: %s", lane.value, exc)
+
+    def _do_restore_message(self, payload: dict[str, Any], exchange: str, routing_key: str, pipe: Any,
+                            leftmost: bool = False) -> None:
+        """kombu puts an un-acked message back on its queue (a worker stopped, or its visibility timeout ran out):
+        present again, in the same transaction."""
+        super()._do_restore_message(payload, exchange, routing_key, pipe, leftmost)
+        if job_id := _job_id(dumps(payload)):
+            pipe.sadd(keys.PRESENT, job_id)
 
     def _size(self, queue: str) -> int:
         size = int(super()._size(queue))
@@ -159,5 +188,28 @@ class Channel(kombu_redis.Channel):
             DeadLetters(client).add(raw, reason=reason, queue=queue)
 
 
+def _job_id(raw: str | bytes) -> str | None:
+    try:
+        return page_job_id(raw.encode() if isinstance(raw, str) else raw)
+    except BadMessage:
+        return None  # not a page's message (Celery's own): nothing to mark
+
+
 class Transport(kombu_redis.Transport):
     Channel = Channel
+
+
+class SentinelChannel(Channel, kombu_redis.SentinelChannel):
+    """The same channel on a Redis found through its Sentinels (kombu's ``SentinelChannel``: every new connection
+    asks them for the master, so a reconnect after a failover reaches the new one)."""
+
+    from_transport_options = (*Channel.from_transport_options,  # type: ignore[assignment]
+                              *(o for o in kombu_redis.SentinelChannel.from_transport_options
+                                if o not in Channel.from_transport_options))
+
+
+class SentinelTransport(Transport):
+    """``sentinel://host:26379;sentinel://...`` URLs, with ``master_name`` in the transport options."""
+
+    Channel = SentinelChannel
+    default_port = 26379  # type: ignore[assignment]

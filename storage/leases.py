@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, update
+from sqlalchemy import and_, tuple_, update
 
 from paperlane.retry import LOST_WORKER_STAGE, RetryPolicy
 from paperlane.status import JobStatus
@@ -72,17 +72,33 @@ def unpublished(db: Database, *, before: datetime, limit: int = 500) -> list[tup
     return _queued(db, unpublished_jobs(_JOBS), _JOBS.c.updated_at < before, limit=limit)
 
 
-def queued_before(db: Database, *, before: datetime, limit: int = 1000) -> list[tuple[str, str, int]]:
-    """(job id, lane, message priority) of queued jobs whose message went out before ``before`` (oldest first)."""
-    return _queued(db, _JOBS.c.enqueued_at < before, order_by=_JOBS.c.enqueued_at, limit=limit)
+@dataclass(frozen=True)
+class Queued:
+    job_id: str
+    lane: str
+    message_priority: int
+    enqueued_at: datetime
 
 
-def _queued(db: Database, *where: Any, order_by: Any = None, limit: int) -> list[tuple[str, str, int]]:
+def queued_before(db: Database, *, before: datetime, after: tuple[datetime, str] | None = None,
+                  limit: int = 1000) -> list[Queued]:
+    """Queued jobs whose message went out before ``before``, in order of (when it went out, id), from just past
+    ``after`` (the last one of the previous call: a cursor through them all), at most ``limit``."""
     j = _JOBS.c
-    query = _JOBS.select().with_only_columns(j.id, j.lane, j.priority).where(j.status == JobStatus.QUEUED,
-                                                                             *where)
-    if order_by is not None:
-        query = query.order_by(order_by)
+    where = [j.enqueued_at < before]
+    if after is not None:
+        where.append(tuple_(j.enqueued_at, j.id) > tuple_(*after))
+    query = _queued_query(*where).add_columns(j.enqueued_at).order_by(j.enqueued_at, j.id).limit(limit)
     with db.session() as s:
-        rows = s.execute(query.limit(limit)).all()
+        return [Queued(r[0], r[1], int(r[2]), r[3]) for r in s.execute(query).all()]
+
+
+def _queued_query(*where: Any) -> Any:
+    j = _JOBS.c
+    return _JOBS.select().with_only_columns(j.id, j.lane, j.priority).where(j.status == JobStatus.QUEUED.value, *where)
+
+
+def _queued(db: Database, *where: Any, limit: int) -> list[tuple[str, str, int]]:
+    with db.session() as s:
+        rows = s.execute(_queued_query(*where).limit(limit)).all()
     return [(r[0], r[1], int(r[2])) for r in rows]

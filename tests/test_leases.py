@@ -72,20 +72,19 @@ def test_a_queued_page_whose_message_redis_lost_is_published_again(stack_factory
     from paperlane.priority.lanes import Lane, broker_keys
     from paperlane.priority.messages import page_job_id
     from paperlane.settings import WorkerSettings
-    from paperlane.storage.tables import JobRow
     from paperlane.workers.leases import LeaseKeeper
+    from tests.sentinels import published_long_ago
     from tests.test_scheduling import Producer
 
     stack = stack_factory()
     producer = Producer(stack)
     ids = producer.submit(range(3), Lane.BATCH)
-    with producer.db.session() as s:  # published ten minutes ago
-        for row in s.query(JobRow).filter(JobRow.id.in_(ids)):
-            row.enqueued_at = utcnow() - timedelta(minutes=10)
+    published_long_ago(producer.db, ids)
     client = stack.broker()
     [key] = [k for k in broker_keys(Lane.BATCH) if client.llen(k)]
     lost = next(m for m in client.lrange(key, 0, -1) if page_job_id(m) == ids[1])
     client.lrem(key, 1, lost)  # popped, and its worker killed before it was recorded as un-acked
+    client.srem(keys.PRESENT, ids[1])  # the pop took its presence marker (priority.transport)
     delayed = DelayedPages(client)
     keeper = LeaseKeeper(producer.db, delayed, client, WorkerSettings(), RetryPolicy(), worker="w")
     try:
@@ -113,22 +112,21 @@ def test_a_queued_page_held_un_acked_by_a_worker_that_died_before_starting_it_is
     from paperlane.priority.lanes import Lane, broker_keys
     from paperlane.priority.messages import page_job_id
     from paperlane.settings import WorkerSettings
-    from paperlane.storage.tables import JobRow
     from paperlane.workers.leases import LeaseKeeper
+    from tests.sentinels import published_long_ago
     from tests.test_scheduling import Producer
 
     stack = stack_factory()
     producer = Producer(stack)
     ids = producer.submit(range(3), Lane.BATCH)
-    with producer.db.session() as s:
-        for row in s.query(JobRow).filter(JobRow.id.in_(ids)):
-            row.enqueued_at = utcnow() - timedelta(minutes=10)
+    published_long_ago(producer.db, ids)
     client = stack.broker()
     [key] = [k for k in broker_keys(Lane.BATCH) if client.llen(k)]
     delivered = {ids[0]: time.time() - 600, ids[1]: time.time()}  # to a dead worker; to a live one, just now
     for job_id, at in delivered.items():
         message = next(m for m in client.lrange(key, 0, -1) if page_job_id(m) == job_id)
         client.lrem(key, 1, message)
+        client.srem(keys.PRESENT, job_id)  # the pop took its presence marker (priority.transport)
         tag = f"tag-{job_id}"
         client.hset(keys.UNACKED, tag, json.dumps([json.loads(message), "", Lane.BATCH.queue]))
         client.zadd(keys.UNACKED_INDEX, {tag: at})

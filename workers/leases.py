@@ -22,13 +22,14 @@ from datetime import datetime, timedelta
 import redis
 
 from paperlane.errors import StorageUnavailable
+from paperlane.priority import presence
 from paperlane.priority.delayed import DelayedPages
 from paperlane.priority.fair import FairLanes, Share
 from paperlane.priority.lanes import Lane
 from paperlane.priority.messages import PageMessage
-from paperlane.priority.presence import jobs_in_redis
 from paperlane.retry import RetryPolicy
 from paperlane.settings import WorkerSettings
+from paperlane.status import JobStatus
 from paperlane.storage import ingests, leases
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database, utcnow
@@ -36,8 +37,6 @@ from paperlane.storage.db import Database, utcnow
 log = logging.getLogger(__name__)
 
 _UNPUBLISHED_AFTER = 60.0  # a page registered or taken back this long ago whose message is still not out
-_LOST_AFTER = 120.0  # a queued page published this long ago with no message left in Redis
-_LOST_CHECK_LIMIT = 5000  # Redis is read whole for it only while it holds at most this many messages
 
 
 class LeaseKeeper:
@@ -50,6 +49,7 @@ class LeaseKeeper:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="leases", daemon=True)
         self._swept = time.monotonic()
+        self._cursor: tuple[datetime, str] | None = None  # the last page the lost-message check looked at
 
     def start(self) -> None:
         self._thread.start()
@@ -113,17 +113,27 @@ class LeaseKeeper:
 
     def _lost(self, at: datetime) -> list[tuple[str, str, int]]:
         """Queued pages whose message is nowhere in Redis (lost between a pop and its un-acked record, by a
-        worker killed or Redis stopped right then). Redis is read first: a page started since is not queued."""
+        worker killed or Redis stopped right then, or by a failover to a replica that had not received it yet).
+
+        Each sweep looks at the next ``worker.lost_check_pages`` queued pages published long enough ago (a cursor
+        through them, back to the start at the end) and asks Redis about those pages only (``priority.presence``):
+        the cost of a sweep is bounded by that number, not by the backlog."""
+        cfg = self.cfg
+        since = at - timedelta(seconds=cfg.lost_after)
+        batch = leases.queued_before(self.db, before=since, after=self._cursor, limit=cfg.lost_check_pages)
+        self._cursor = (batch[-1].enqueued_at, batch[-1].job_id) if len(batch) == cfg.lost_check_pages else None
         try:
-            # A page's message un-acked for as long is held by a worker that died before it started the page (a
-            # live one starts what it receives at once: prefetch 1): it counts as lost too.
-            present = jobs_in_redis(self.redis, limit=_LOST_CHECK_LIMIT, unacked_since=time.time() - _LOST_AFTER)
+            suspects = presence.missing(self.redis, [q.job_id for q in batch])
+            if suspects:
+                there = presence.in_flight(self.redis, since=time.time() - cfg.lost_after)
+                if self.fair_share:
+                    there |= presence.in_buffers(self.redis)
+                suspects = [j for j in suspects if j not in there]
         except redis.RedisError as exc:
             raise StorageUnavailable(f"redis: {exc}") from exc
-        if present is None:
-            return []
-        lost = [p for p in leases.queued_before(self.db, before=at - timedelta(seconds=_LOST_AFTER))
-                if p[0] not in present]
+        # Redis was read after the database: a page popped and started in between is no longer queued.
+        still = {r.id for r in jobstore.get_jobs(self.db, suspects) if r.status == JobStatus.QUEUED.value}
+        lost = [(q.job_id, q.lane, q.message_priority) for q in batch if q.job_id in still]
         if lost:
             log.warning("leases: %d queued pages had no message left in Redis; published again", len(lost))
         return lost
