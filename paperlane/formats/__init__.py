@@ -30,6 +30,7 @@ from paperlane.formats.hocr import document_hocr, page_hocr
 from paperlane.formats.mets import PageFiles, document_mets
 from paperlane.formats.pagexml import page_xml
 from paperlane.formats.view import PageView, as_view
+from paperlane.formats.xmlchars import xml_safe
 from paperlane.schemas import OutputFormat, PageResult
 
 
@@ -89,7 +90,7 @@ def page_bytes(fmt: OutputFormat, page: PageResult | PageView, *, name: str, pag
 
     ``created`` is PAGE XML's required time (default: now). Raises UsageError for another format.
     """
-    view = as_view(page)
+    view, name, ext = as_view(page), xml_safe(name), xml_safe(ext)
     image = image_href(name, ext, view.number, page_count)
     if fmt is OutputFormat.ALTO:
         return page_alto(view, image_name=image)
@@ -108,6 +109,7 @@ def document_bytes(fmt: OutputFormat, pages: Sequence[PageResult | PageView], *,
     Raises UsageError for PAGE XML (one page a file: write each page's and the METS) and other formats.
     """
     numbers = sorted(p.number if isinstance(p, PageView) else p.page for p in pages)
+    document_id, name, ext, stem = xml_safe(document_id), xml_safe(name), xml_safe(ext), stem and xml_safe(stem)
     if fmt is OutputFormat.ALTO:
         return document_alto(pages, image_name=f"{name}{ext}")
     if fmt is OutputFormat.HOCR:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from lxml import etree
 
 from paperlane.formats.view import PageView, as_view, producer
+from paperlane.formats.xmlchars import xml_safe
 from paperlane.schemas import PageResult
 
 NS = "http://www.loc.gov/METS/"
@@ -60,7 +61,7 @@ def document_mets(pages: Sequence[PageResult | PageView], *, document_id: str, n
             file_id = f"{prefix}_{number:05d}"
             kind = mimetype or files[number].image_type
             _sub(_sub(group, "file", ID=file_id, MIMETYPE=kind), "FLocat", LOCTYPE="URL",
-                 **{f"{{{XLINK}}}href": href})
+                 **{f"{{{XLINK}}}href": xml_safe(href)})
             ids[number].append(file_id)
     sequence = _sub(_sub(root, "structMap", TYPE="PHYSICAL"), "div", TYPE="physSequence", ID="PHYS_00000")
     for view in ordered:

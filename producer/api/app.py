@@ -40,6 +40,7 @@ def create_app(settings: Settings, *, webhooks: bool = True) -> FastAPI:
             service.close()
 
     app = FastAPI(title="paperlane", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  responses=errors.ERRORS,
                   description="Scanned documents to structured text: upload, wait, stream page results.")
     errors.install(app)
     app.add_middleware(Guard)  # inside the measuring middleware: its refusals are counted too

@@ -23,9 +23,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from paperlane.producer.api import uploads
 from paperlane.producer.api.errors import ApiError, public
-from paperlane.producer.api.files import document_file
+from paperlane.producer.api.files import DOCUMENT_FILES, document_file
 from paperlane.producer.api.limits import retry_after
-from paperlane.producer.api.options import checked
+from paperlane.producer.api.options import Id, checked, upload_form
 from paperlane.producer.api.service import CallerDep, Service, ServiceDep, check_budget
 from paperlane.schemas import OutputFormat
 from paperlane.status import OutputsState, RollupState
@@ -38,15 +38,9 @@ from paperlane.storage.tenants import Caller
 router = APIRouter(prefix="/v1/documents", tags=["documents"])
 
 _KEEPALIVE = 15.0
-_UPLOAD_FORM = {"requestBody": {"content": {"multipart/form-data": {"schema": {
-    "type": "object", "required": ["file"], "properties": {
-        "file": {"type": "string", "format": "binary"}, "lane": {"type": "string"}, "task": {"type": "string"},
-        "fields": {"type": "array", "items": {"type": "string"}}, "to": {"type": "string"},
-        "priority": {"type": "integer"}, "callback_url": {"type": "string"}, "name": {"type": "string"},
-        "weight": {"type": "number"}}}}}}}
 
 
-@router.post("", status_code=202, openapi_extra=_UPLOAD_FORM)
+@router.post("", status_code=202, openapi_extra=upload_form())
 async def post_document(request: Request, svc: ServiceDep, who: CallerDep) -> JSONResponse:
     """Upload an image, PDF, TIFF or zip/tar archive; its pages are queued. Answers with its ids."""
     values, upload = await uploads.read_form(request)
@@ -60,7 +54,7 @@ async def post_document(request: Request, svc: ServiceDep, who: CallerDep) -> JS
 
 
 @router.get("/{document_id}")
-async def get_document(document_id: str, svc: ServiceDep, who: CallerDep,
+async def get_document(document_id: Id, svc: ServiceDep, who: CallerDep,
                        wait: Annotated[float, Query(ge=0)] = 0) -> dict[str, Any]:
     """A document's status and progress; ``wait``: hold the answer until it changes (seconds, at most api.max_wait)."""
 
@@ -69,8 +63,8 @@ async def get_document(document_id: str, svc: ServiceDep, who: CallerDep,
     return public(await wait_for_change(svc, who, read, wait))
 
 
-@router.get("/{document_id}/result")
-def get_result(document_id: str, svc: ServiceDep, who: CallerDep, format: OutputFormat = OutputFormat.JSON,
+@router.get("/{document_id}/result", response_class=Response, responses=DOCUMENT_FILES)
+def get_result(document_id: Id, svc: ServiceDep, who: CallerDep, format: OutputFormat = OutputFormat.JSON,
                page: Annotated[int | None, Query(ge=1, description="format=page: which page's PAGE XML")] = None
                ) -> Response:
     """The document in one format: JSON (its pages in order), markdown, searchable PDF, ALTO, hOCR, METS, or a page's
@@ -81,8 +75,9 @@ def get_result(document_id: str, svc: ServiceDep, who: CallerDep, format: Output
     return document_file(svc, row, done=progress.done, fmt=format, page=page)
 
 
-@router.get("/{document_id}/events")
-async def document_events(request: Request, document_id: str, svc: ServiceDep, who: CallerDep) -> StreamingResponse:
+@router.get("/{document_id}/events", response_class=StreamingResponse,
+            responses={200: {"description": "the stream", "content": {"text/event-stream": {"schema": {"type": "string"}}}}})
+async def document_events(request: Request, document_id: Id, svc: ServiceDep, who: CallerDep) -> StreamingResponse:
     """Server-Sent Events: ``page`` as each page finishes (with its result), then ``done``."""
     await svc.read(partial(ingests.document_progress, svc.db, document_id,
                            tenant_id=who.tenant_id))  # 404 before the stream starts

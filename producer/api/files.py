@@ -5,6 +5,8 @@ same page results (PAGE XML's time is when its page was finished)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi.responses import Response
 
 from paperlane.errors import redact
@@ -19,6 +21,17 @@ from paperlane.storage.objects import document_key
 from paperlane.storage.outputs import written_formats
 from paperlane.storage.results import document_results, page_result
 from paperlane.storage.tables import DocumentRow
+
+
+def _contents(formats: list[OutputFormat]) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI ``responses`` of a route that answers in one of ``formats``."""
+    media = {FORMATS[f].media_type.split(";")[0]: {"schema": {"type": "string"} if f is not OutputFormat.JSON
+                                                  else {}} for f in formats}
+    return {200: {"description": "the file", "content": media}}
+
+
+DOCUMENT_FILES = _contents(list(OutputFormat))
+PAGE_FILES = _contents([OutputFormat.JSON, *(f for f in ARCHIVE_FORMATS if FORMATS[f].page)])
 
 
 def document_file(svc: Service, row: DocumentRow, *, done: bool, fmt: OutputFormat, page: int | None) -> Response:

@@ -24,7 +24,7 @@ from paperlane.errors import OverBudget, public_reason
 from paperlane.producer import inputs
 from paperlane.producer.api.documents import wait_for_change
 from paperlane.producer.api.errors import ApiError, public
-from paperlane.producer.api.options import IngestRequest, checked
+from paperlane.producer.api.options import Id, IngestRequest, checked
 from paperlane.producer.api.service import CallerDep, Service, ServiceDep, check_budget, check_room
 from paperlane.producer.submit import Submitter
 from paperlane.status import RollupState
@@ -62,7 +62,7 @@ async def post_ingest(req: IngestRequest, svc: ServiceDep, who: CallerDep) -> di
 
 
 @router.get("/{ingest_id}")
-async def get_ingest(ingest_id: str, svc: ServiceDep, who: CallerDep,
+async def get_ingest(ingest_id: Id, svc: ServiceDep, who: CallerDep,
                      wait: Annotated[float, Query(ge=0)] = 0) -> dict[str, Any]:
     """An ingest's progress (``error``: why its registration stopped short), and its share of the engine now with the
     time it needs at that share; ``wait``: hold the answer until it changes (seconds, at most api.max_wait)."""
@@ -76,9 +76,9 @@ async def get_ingest(ingest_id: str, svc: ServiceDep, who: CallerDep,
 
 
 @router.get("/{ingest_id}/review")
-def get_review(ingest_id: str, svc: ServiceDep, who: CallerDep,
+def get_review(ingest_id: Id, svc: ServiceDep, who: CallerDep,
                limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-               cursor: Annotated[str | None, Query(max_length=2000)] = None) -> dict[str, Any]:
+               cursor: Annotated[str | None, Query(max_length=2000, pattern="^[A-Za-z0-9_=-]*$")] = None) -> dict[str, Any]:
     """The ingest's pages whose results need a person's eyes, with why (their quality flags) and their confidence,
     by document and page; ``cursor``: the ``next`` of the previous answer."""
     pages = ingests.review_pages(svc.db, ingest_id, tenant_id=who.tenant_id, limit=limit, after=_after(cursor))
@@ -96,21 +96,19 @@ def _after(cursor: str | None) -> tuple[str, int] | None:
         return None
     try:
         source, page_no = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-        return str(source), int(page_no)
     except (ValueError, TypeError) as exc:
         raise ApiError(422, "invalid_request", "cursor: not one this API gave") from exc
+    # Only what _cursor writes: a printable source and a whole page number (no NaN, no 1e400, no NUL).
+    if not (isinstance(source, str) and source.isprintable() and type(page_no) is int and 0 <= page_no < 2**31):
+        raise ApiError(422, "invalid_request", "cursor: not one this API gave")
+    return source, page_no
 
 
 def _sources(req: IngestRequest, svc: Service, who: Caller) -> list[str]:
     """The s3:// URLs to register: each within a grant of the caller's tenant (403 otherwise)."""
-    if req.source:
-        if not req.source.startswith("s3://") or req.keys:
-            raise ApiError(422, "invalid_request", "give source as s3://bucket/prefix, or bucket and keys")
-        sources = [req.source]
-    elif req.bucket and req.keys:
-        sources = [f"s3://{req.bucket}/{k.lstrip('/')}" for k in req.keys]
-    else:
-        raise ApiError(422, "invalid_request", "give source (s3://bucket/prefix) or bucket and keys")
+    sources = [req.source] if req.source else []  # the model has one of the two at least
+    if req.bucket and req.keys:
+        sources += [f"s3://{req.bucket}/{k.lstrip('/')}" for k in req.keys]
     grants = tenants.granted(svc.db, who.tenant_id)
     for s in sources:
         inputs.check_paths([s])

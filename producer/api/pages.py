@@ -8,7 +8,8 @@ from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
 from paperlane.producer.api.errors import ApiError, public
-from paperlane.producer.api.files import page_file
+from paperlane.producer.api.files import PAGE_FILES, page_file
+from paperlane.producer.api.options import Id
 from paperlane.producer.api.service import CallerDep, ServiceDep
 from paperlane.schemas import OutputFormat
 from paperlane.storage import ingests, views
@@ -17,8 +18,8 @@ from paperlane.storage.results import page_result
 router = APIRouter(prefix="/v1/pages", tags=["pages"])
 
 
-@router.get("/{page_id}", response_model=None)
-def get_page(page_id: str, svc: ServiceDep, who: CallerDep,
+@router.get("/{page_id}", response_model=None, responses=PAGE_FILES)
+def get_page(page_id: Id, svc: ServiceDep, who: CallerDep,
              format: Annotated[str, Query(pattern="^(json|alto|page|hocr)$", description="json: its status and "
                                           "result; alto, page (PAGE XML), hocr: the page alone in that format, "
                                           "once it is final")] = "json") -> dict[str, Any] | Response:
@@ -33,8 +34,9 @@ def get_page(page_id: str, svc: ServiceDep, who: CallerDep,
     return public(view)
 
 
-@router.get("/{page_id}/annotated")
-def get_annotated(page_id: str, svc: ServiceDep, who: CallerDep) -> Response:
+@router.get("/{page_id}/annotated", response_class=Response, responses={200: {
+    "description": "the image", "content": {f"image/{t}": {"schema": {"type": "string"}} for t in ("jpeg", "png", "webp")}}})
+def get_annotated(page_id: Id, svc: ServiceDep, who: CallerDep) -> Response:
     """The page's annotated image (its lines drawn on it)."""
     found = ingests.get_page(svc.db, page_id, tenant_id=who.tenant_id)
     key = found.job.annotated_key
