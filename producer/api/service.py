@@ -145,12 +145,18 @@ def check_room(svc: Service, who: Caller) -> None:
 
 def check_budget(svc: Service, who: Caller) -> None:
     """429 when the tenant's monthly page budget is used up (pages final this month and pages not final yet);
-    pages registered before go on. The answer says when the budget starts again."""
+    pages registered before go on. The answer says when the budget starts again. A quick refusal only: the budget
+    is held by the reservation of each document's pages (``PageBudget.reserve``, ``monthly_refusal``)."""
+    found = usage.budget(svc.db, who.tenant_id)
+    if found.exhausted and found.limit is not None:
+        raise monthly_refusal(who, used=found.used, limit=found.limit)
+
+
+def monthly_refusal(who: Caller, *, used: int, limit: int) -> ApiError:
+    """The 429 of a tenant whose monthly page budget is used up, saying when it starts again."""
     now = utcnow()
-    found = usage.budget(svc.db, who.tenant_id, now=now)
-    if not found.exhausted:
-        return
-    resets = datetime.combine(found.resets, clock(), tzinfo=now.tzinfo)
-    raise ApiError(429, "monthly_budget_used", f"tenant {who.tenant} has used {found.used} of its {found.limit} pages "
-                   f"this month; new uploads and ingests are refused until {found.resets.isoformat()} (UTC)",
-                   {"Retry-After": str(max(1, int((resets - now).total_seconds())))})
+    resets = usage.next_month(now)
+    starts = datetime.combine(resets, clock(), tzinfo=now.tzinfo)
+    return ApiError(429, "monthly_budget_used", f"tenant {who.tenant} has used {used} of its {limit} pages "
+                    f"this month; new uploads and ingests are refused until {resets.isoformat()} (UTC)",
+                    {"Retry-After": str(max(1, int((starts - now).total_seconds())))})

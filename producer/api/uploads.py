@@ -20,12 +20,12 @@ from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
 from paperlane import filetypes
-from paperlane.errors import OverBudget, PaperlaneError, public_reason
+from paperlane.errors import MonthlyBudgetUsed, OverBudget, PaperlaneError, public_reason
 from paperlane.metrics import API_PAGES
 from paperlane.producer import inputs
 from paperlane.producer.api.errors import ApiError, public
 from paperlane.producer.api.options import Options
-from paperlane.producer.api.service import Service
+from paperlane.producer.api.service import Service, monthly_refusal
 from paperlane.producer.inputs import Document, Inflation, Skipped
 from paperlane.producer.submit import SubmittedPage, Submitter
 from paperlane.schemas import TaskSpec
@@ -98,6 +98,9 @@ def register(svc: Service, who: Caller, opts: Options, spec: TaskSpec, upload: U
     except OverBudget as exc:
         _abandon(svc, submitter, None)
         raise ApiError(429, "too_many_pages", str(exc), {"Retry-After": "10"}) from None
+    except MonthlyBudgetUsed as exc:
+        _abandon(svc, submitter, None)
+        raise monthly_refusal(who, used=exc.used, limit=exc.limit) from None
     except BaseException as exc:
         _abandon(svc, submitter, public_reason(exc) if isinstance(exc, PaperlaneError) else "registration failed")
         raise
