@@ -218,7 +218,12 @@ class Submitter:
             if item.source in known:
                 self.summary.skipped_before += 1
                 continue
-            chunk.append(self._stage(ingest_id, seq, item))
+            try:
+                chunk.append(self._stage(ingest_id, seq, item))
+            except OverBudget:  # no room now: what fits is registered; run again later, the submit resumes after it
+                if chunk:
+                    yield from self._register(ingest_id, chunk)
+                raise
             seq += 1
             pages += chunk[-1].row.pages_total
             if pages >= self.chunk_pages:

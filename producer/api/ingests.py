@@ -2,9 +2,11 @@
 
 A tenant reads only the prefixes it was granted (``paperlane keys grant``), never paperlane's own bucket, with
 paperlane's S3 credentials. Registration goes on after the answer, on the ingests' own threads, one ingest per
-tenant at a time: its documents' pages wait for room in the tenant's budget of pages in flight, what its archives
-inflate is bounded like an upload's, and if it stops short (S3 unreadable, the API stopping) the ingest records why
-and is closed with what it registered.
+tenant at a time. No thread waits on one tenant: when the tenant has no room in its budget of pages in flight for
+the next document, what fitted is registered and the registration gives its thread back; it continues (skipping what
+is registered) once there is room again. What its archives inflate is bounded like an upload's, and if
+it stops short (S3 unreadable, its monthly budget used, the API stopping) the ingest records why and is closed with
+what it registered.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import asyncio
 import base64
 import json
 import logging
-import threading
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from anyio import to_thread
@@ -29,13 +32,13 @@ from paperlane.producer.api.service import CallerDep, Service, ServiceDep, check
 from paperlane.producer.submit import Submitter
 from paperlane.status import RollupState
 from paperlane.storage import ingests, tenants, views
-from paperlane.storage.tenants import Caller, PageBudget
+from paperlane.storage.tenants import Caller
 
 log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1/ingests", tags=["ingests"])
 
-_ROOM_POLL = 2.0  # seconds between looks for room in the tenant's budget while an ingest waits for it
+_ROOM_POLL = 2.0  # seconds between looks for room in the tenant's budget while an ingest waits for it (no thread)
 
 
 @router.post("", status_code=202)
@@ -48,14 +51,18 @@ async def post_ingest(req: IngestRequest, svc: ServiceDep, who: CallerDep) -> di
                        {"Retry-After": "10"})
     await to_thread.run_sync(check_room, svc, who)
     await to_thread.run_sync(check_budget, svc, who)
-    submitter = Submitter(db=svc.db, store=svc.store, spec=spec, lane=opts.lane, priority=opts.priority,
-                          publisher=svc.publisher, limits=svc.settings.ingest, resume=False,
-                          owner=ingests.Owner(who.tenant_id, who.key_id, opts.callback_url),
-                          pages=_Waiting(svc.pages(who), svc.stopping), weight=opts.weight)
+    sources_key = [*sources, str(uuid.uuid4())]  # this ingest's own key: a continuation reopens it (resume)
+
+    def submitter() -> Submitter:
+        return Submitter(db=svc.db, store=svc.store, spec=spec, lane=opts.lane, priority=opts.priority,
+                         publisher=svc.publisher, limits=svc.settings.ingest, resume=True,
+                         owner=ingests.Owner(who.tenant_id, who.key_id, opts.callback_url), pages=svc.pages(who),
+                         weight=opts.weight)
+    first = submitter()
     name = opts.name or ", ".join(sources)[:200]
-    ingest_id = await to_thread.run_sync(lambda: submitter.open(name=name, sources=[*sources, str(uuid.uuid4())]))
+    ingest_id = await to_thread.run_sync(lambda: first.open(name=name, sources=sources_key))
     svc.registering_tenants.add(who.tenant_id)
-    task = asyncio.get_running_loop().run_in_executor(svc.ingests, _register, svc, submitter, sources, name)
+    task = asyncio.create_task(_drive(svc, who, first, submitter, _Job(sources, sources_key, name)))
     svc.registering.add(task)
     task.add_done_callback(lambda done: _finished(svc, who, done))
     return {"ingest_id": ingest_id, "status": RollupState.REGISTERING.value}
@@ -121,49 +128,73 @@ def _sources(req: IngestRequest, svc: Service, who: Caller) -> list[str]:
     return sources
 
 
-class _Waiting:
-    """A tenant's budget that an S3 ingest waits on: a document's pages are reserved once they fit."""
+@dataclass(frozen=True)
+class _Job:
+    sources: list[str]  # the s3:// URLs to register
+    key: list[str]  # what the ingest was opened with (its key): a continuation reopens it
+    name: str
 
-    def __init__(self, budget: PageBudget, stop: threading.Event) -> None:
-        self.budget, self.stop = budget, stop
 
-    def reserve(self, pages: int) -> None:
-        while True:
-            try:
-                self.budget.reserve(pages)
-                return
-            except OverBudget as exc:
-                if not exc.retryable or self.stop.wait(_ROOM_POLL):
-                    raise
+async def _drive(svc: Service, who: Caller, first: Submitter, again: Callable[[], Submitter], job: _Job) -> None:
+    """Register an S3 ingest on the ingests' threads; while its tenant has no room for its next document, it holds
+    no thread: what fitted is registered, and registration continues (skipping what is registered) once the tenant
+    has room again, or ends when the API stops."""
+    loop, submitter = asyncio.get_running_loop(), first
+    while True:
+        waiting = await loop.run_in_executor(svc.ingests, _register, svc, submitter, job)
+        if not waiting:
+            return
+        if not await _room(svc, who):
+            _close(svc, submitter, "the API stopped while it was being registered")
+            return
+        submitter = again()
+        await to_thread.run_sync(lambda s=submitter: s.open(name=job.name, sources=job.key))
 
-    def release(self, pages: int) -> None:
-        self.budget.release(pages)
+
+async def _room(svc: Service, who: Caller) -> bool:
+    """Wait, holding no thread, until the tenant has room for a page; False when the API stops first."""
+    budget = svc.pages(who)
+    while not svc.stopping.is_set():
+        in_flight, cap = await to_thread.run_sync(budget.room)
+        if in_flight < cap:
+            return True
+        await asyncio.sleep(_ROOM_POLL)
+    return False
 
 
 class _Stopped(Exception):
     """The API is stopping: registration ends here."""
 
 
-def _register(svc: Service, submitter: Submitter, sources: list[str], name: str) -> None:
-    """Register a whole S3 ingest (in a thread: a prefix may hold millions of objects); when it stops short, the
-    ingest says why and is closed with what it holds."""
+def _register(svc: Service, submitter: Submitter, job: _Job) -> bool:
+    """Register an S3 ingest (in a thread: a prefix may hold millions of objects); True when it stopped for room in
+    its tenant's budget (what fitted is registered). When it stops short otherwise, the ingest says why and is
+    closed with what it holds."""
     from paperlane.storage.s3 import S3Store
 
     try:
         client = S3Store.from_settings(svc.settings.storage.model_copy(update={"create_bucket": False})).client
-        items = inputs.expand(sources, svc.settings.ingest, s3=client)
-        for _ in submitter.submit(items, name=name, sources=sources):
+        items = inputs.expand(job.sources, svc.settings.ingest, s3=client)
+        for _ in submitter.submit(items, name=job.name, sources=job.key):
             if svc.stopping.is_set():
                 raise _Stopped
+    except OverBudget as exc:
+        if exc.retryable and not svc.stopping.is_set():
+            return True
+        _close(svc, submitter, public_reason(exc), exc)
     except Exception as exc:
         stopped = svc.stopping.is_set()
-        why = "the API stopped while it was being registered" if stopped else public_reason(exc)
-        log.error("ingest %s: registration stopped (%s)", submitter.summary.ingest_id, why, exc_info=exc)
-        try:
-            ingests.close_ingest(svc.db, submitter.summary.ingest_id, skipped=submitter.summary.skipped,
-                                 error=f"registration stopped after {submitter.summary.documents:,} documents: {why}")
-        except Exception:
-            log.exception("ingest %s: could not be closed", submitter.summary.ingest_id)
+        _close(svc, submitter, "the API stopped while it was being registered" if stopped else public_reason(exc), exc)
+    return False
+
+
+def _close(svc: Service, submitter: Submitter, why: str, exc: BaseException | None = None) -> None:
+    log.error("ingest %s: registration stopped (%s)", submitter.summary.ingest_id, why, exc_info=exc)
+    try:
+        ingests.close_ingest(svc.db, submitter.summary.ingest_id, skipped=submitter.summary.skipped,
+                             error=f"registration stopped after {submitter.summary.documents:,} documents: {why}")
+    except Exception:
+        log.exception("ingest %s: could not be closed", submitter.summary.ingest_id)
 
 
 def _finished(svc: Service, who: Caller, task: asyncio.Future[None]) -> None:
