@@ -87,6 +87,12 @@ def authenticate(db: Database, key: str) -> Caller | None:
     return Caller(key_id=key_id, tenant_id=tenant_id, tenant=tenant, interactive=bool(interactive))
 
 
+def key_active(db: Database, key_id: str) -> bool:
+    """Whether the key ``key_id`` exists and is not revoked."""
+    with db.session() as s:
+        return s.scalar(select(ApiKeyRow.id).where(ApiKeyRow.id == key_id, ApiKeyRow.revoked_at.is_(None))) is not None
+
+
 def list_keys(db: Database, tenant: str | None = None) -> list[tuple[ApiKeyRow, str]]:
     """Keys (with their tenant's name), newest first."""
     with db.session() as s:

@@ -1,6 +1,7 @@
 """/v1/documents: upload a document (or an archive of them), its status (long poll), its outputs, its events.
 
-A stream of events and a long poll each count among the key's open streams (``api.max_streams_per_key``, over every
+A stream of events ends with a ``revoked`` event, and a long poll answers 401, within the key cache's lifetime (5 s)
+of its key's revocation. A stream of events and a long poll each count among the key's open streams (``api.max_streams_per_key``, over every
 replica; 429 past it) while they last; a stream ends after ``api.stream_seconds`` (the client connects again and
 gets the pages already final again). Both read the database every ``api.stream_poll`` seconds on the streams'
 own threads, the document's counts first and its pages only when they changed."""
@@ -46,6 +47,7 @@ async def post_document(request: Request, svc: ServiceDep, who: CallerDep) -> JS
     values, upload = await uploads.read_form(request)
     try:
         opts, spec = await svc.resolving(checked, values, who, svc.settings.api)  # resolves the callback host
+        await to_thread.run_sync(partial(svc.check_live, who, fresh=True))  # revoked while the body came: 401
         await to_thread.run_sync(check_budget, svc, who)
         body = await to_thread.run_sync(uploads.register, svc, who, opts, spec, upload, limiter=svc.registration)
     finally:
@@ -99,6 +101,7 @@ async def wait_for_change(svc: Service, who: Caller, read: Callable[[], dict[str
     try:
         while time.monotonic() < deadline:
             await asyncio.sleep(min(api.stream_poll, max(0.0, deadline - time.monotonic())))
+            await to_thread.run_sync(svc.check_live, who)  # 401 once the key is revoked
             newer = await svc.read(read)
             if newer != view:
                 return newer
@@ -165,6 +168,9 @@ async def _frames(request: Request, svc: Service, document_id: str, who: Caller,
     last = started = time.monotonic()
     seen: tuple[int, int] | None = None  # the document's final pages when its pages were last read
     while not await request.is_disconnected() and time.monotonic() - started < api.stream_seconds:
+        if not await svc.read(svc.live, who):  # revoked: the stream ends within the key cache's lifetime
+            yield _sse("revoked", {"error": {"code": "unauthorized", "message": "this API key was revoked"}})
+            return
         document = await svc.read(ingests.get_document, svc.db, document_id)
         if seen != (counts := (document.pages_succeeded, document.pages_failed)):
             pages = await svc.read(ingests.document_pages, svc.db, document_id)

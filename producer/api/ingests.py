@@ -16,14 +16,15 @@ import base64
 import json
 import logging
 import uuid
-from collections.abc import Callable
+from functools import partial
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from anyio import to_thread
 from fastapi import APIRouter, Query
 
-from paperlane.errors import OverBudget, public_reason
+from paperlane.errors import OverBudget, PaperlaneError, public_reason
 from paperlane.producer import inputs
 from paperlane.producer.api.documents import wait_for_change
 from paperlane.producer.api.errors import ApiError, public
@@ -37,6 +38,8 @@ from paperlane.storage.tenants import Caller
 log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1/ingests", tags=["ingests"])
+
+T = TypeVar("T")
 
 _ROOM_POLL = 2.0  # seconds between looks for room in the tenant's budget while an ingest waits for it (no thread)
 
@@ -62,7 +65,7 @@ async def post_ingest(req: IngestRequest, svc: ServiceDep, who: CallerDep) -> di
     name = opts.name or ", ".join(sources)[:200]
     ingest_id = await to_thread.run_sync(lambda: first.open(name=name, sources=sources_key))
     svc.registering_tenants.add(who.tenant_id)
-    task = asyncio.create_task(_drive(svc, who, first, submitter, _Job(sources, sources_key, name)))
+    task = asyncio.create_task(_drive(svc, who, first, submitter, _Job(sources, sources_key, name, who)))
     svc.registering.add(task)
     task.add_done_callback(lambda done: _finished(svc, who, done))
     return {"ingest_id": ingest_id, "status": RollupState.REGISTERING.value}
@@ -133,6 +136,7 @@ class _Job:
     sources: list[str]  # the s3:// URLs to register
     key: list[str]  # what the ingest was opened with (its key): a continuation reopens it
     name: str
+    who: Caller  # whose key started it: registration stops once it is revoked
 
 
 async def _drive(svc: Service, who: Caller, first: Submitter, again: Callable[[], Submitter], job: _Job) -> None:
@@ -144,26 +148,43 @@ async def _drive(svc: Service, who: Caller, first: Submitter, again: Callable[[]
         waiting = await loop.run_in_executor(svc.ingests, _register, svc, submitter, job)
         if not waiting:
             return
-        if not await _room(svc, who):
-            _close(svc, submitter, "the API stopped while it was being registered")
+        why = await _room(svc, who)
+        if why:
+            _close(svc, submitter, why)
             return
         submitter = again()
         await to_thread.run_sync(lambda s=submitter: s.open(name=job.name, sources=job.key))
 
 
-async def _room(svc: Service, who: Caller) -> bool:
-    """Wait, holding no thread, until the tenant has room for a page; False when the API stops first."""
+async def _room(svc: Service, who: Caller) -> str | None:
+    """Wait, holding no thread, until the tenant has room for a page (None), or say why registration ends: the API
+    stops, or the key that started it was revoked (looked up afresh before it goes on)."""
     budget = svc.pages(who)
     while not svc.stopping.is_set():
         in_flight, cap = await to_thread.run_sync(budget.room)
+        if not await to_thread.run_sync(partial(svc.live, who, fresh=in_flight < cap)):
+            return _Revoked().message
         if in_flight < cap:
-            return True
+            return None
         await asyncio.sleep(_ROOM_POLL)
-    return False
+    return "the API stopped while it was being registered"
 
 
 class _Stopped(Exception):
     """The API is stopping: registration ends here."""
+
+
+class _Revoked(PaperlaneError):
+    def __init__(self) -> None:
+        super().__init__("the API key that started it was revoked")
+
+
+def _while_live(svc: Service, who: Caller, items: Iterable[T]) -> Iterator[T]:
+    """``items`` while the key is not revoked (looked up every few seconds: ``Service.live``)."""
+    for item in items:
+        if not svc.live(who):
+            raise _Revoked
+        yield item
 
 
 def _register(svc: Service, submitter: Submitter, job: _Job) -> bool:
@@ -174,7 +195,7 @@ def _register(svc: Service, submitter: Submitter, job: _Job) -> bool:
 
     try:
         client = S3Store.from_settings(svc.settings.storage.model_copy(update={"create_bucket": False})).client
-        items = inputs.expand(job.sources, svc.settings.ingest, s3=client)
+        items = _while_live(svc, job.who, inputs.expand(job.sources, svc.settings.ingest, s3=client))
         for _ in submitter.submit(items, name=job.name, sources=job.key):
             if svc.stopping.is_set():
                 raise _Stopped

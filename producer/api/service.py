@@ -37,7 +37,7 @@ from paperlane.settings import Settings
 from paperlane.storage import usage
 from paperlane.storage.db import Database, utcnow
 from paperlane.storage.objects import ObjectStore, open_store
-from paperlane.storage.tenants import Caller, PageBudget, authenticate
+from paperlane.storage.tenants import Caller, PageBudget, authenticate, key_active
 
 T = TypeVar("T")
 
@@ -58,6 +58,7 @@ class Service:
     dns: ThreadPoolExecutor
     ingests: ThreadPoolExecutor
     auth_cache: dict[str, tuple[float, Caller | None]] = field(default_factory=dict)
+    live_cache: dict[str, tuple[float, bool]] = field(default_factory=dict)  # key id -> (until, not revoked)
     registering: set[asyncio.Future[None]] = field(default_factory=set)  # S3 ingests being registered
     registering_tenants: set[str] = field(default_factory=set)  # ... their tenants
     stopping: threading.Event = field(default_factory=threading.Event)  # the API is stopping: so does registration
@@ -97,6 +98,24 @@ class Service:
             cached = (now + _AUTH_TTL, authenticate(self.db, key))
             self.auth_cache[key] = cached
         return cached[1]
+
+    def live(self, who: Caller, *, fresh: bool = False) -> bool:
+        """Whether the caller's key is still not revoked: looked up again every few seconds (``fresh``: now), so
+        what a revoked key opened (a stream, an ingest's registration) stops within the key cache's lifetime.
+        Blocks: call it in a thread."""
+        now = time.monotonic()
+        cached = None if fresh else self.live_cache.get(who.key_id)
+        if cached is None or cached[0] < now:
+            if len(self.live_cache) > 10_000:
+                self.live_cache.clear()
+            cached = (now + _AUTH_TTL, key_active(self.db, who.key_id))
+            self.live_cache[who.key_id] = cached
+        return cached[1]
+
+    def check_live(self, who: Caller, *, fresh: bool = False) -> None:
+        """401 when the caller's key was revoked (``live``)."""
+        if not self.live(who, fresh=fresh):
+            raise ApiError(401, "unauthorized", "this API key was revoked", {"WWW-Authenticate": "Bearer"})
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the threads of streams and long polls."""
