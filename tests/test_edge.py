@@ -87,15 +87,8 @@ async def _forbidden_characters(stack: Stack) -> None:
         resp = await api.post("/v1/documents", headers=auth, files={"file": ("scan\uffff\ufffe.png", tiny_page(1))})
         assert resp.status_code == 202, resp.text
         body = resp.json()
-        job_id, page_id = body["pages"][0]["job_id"], body["pages"][0]["page_id"]
-        job = jobstore.start_attempt(db, job_id, policy=RetryPolicy(max_attempts=3))
-        assert job is not None
-        result = PageResult(job_id=job_id, source=job.source, status=JobStatus.SUCCEEDED, text="a\uffff b\x07",
-                            width=100, height=100, lines=[Line(text="a\uffff b\x07",
-                                                               quad=[(1, 1), (90, 1), (90, 20), (1, 20)])])
-        open_store(stack.settings).put(f"results/{job_id}.json", result.model_dump_json().encode())
-        jobstore.finish_succeeded(db, job, result, engine="stub", result_key=f"results/{job_id}.json",
-                                  annotated_key=None, timings={})
+        page_id = body["pages"][0]["page_id"]
+        succeed(stack, db, body["pages"][0]["job_id"], "a\uffff b\x07")
         urls = [f"/v1/documents/{body['document_id']}/result?format={f}" for f in ("alto", "hocr", "mets", "page")]
         urls += [f"/v1/pages/{page_id}?format={f}" for f in ("alto", "hocr", "page")]
         for url in urls:
@@ -104,3 +97,14 @@ async def _forbidden_characters(stack: Stack) -> None:
             assert not FORBIDDEN.search(made.content.decode()), url
             etree.fromstring(made.content)  # well-formed, or this raises
             assert "\ufffd" in made.content.decode() or "mets" not in url, url  # the name's U+FFFF, replaced
+
+
+def succeed(stack: Stack, db: Database, job_id: str, text: str) -> None:
+    """The job succeeded with one line of ``text``: its result stored, then the worker's final-state write."""
+    job = jobstore.start_attempt(db, job_id, policy=RetryPolicy(max_attempts=3))
+    assert job is not None
+    result = PageResult(job_id=job_id, source=job.source, status=JobStatus.SUCCEEDED, text=text, width=100,
+                        height=100, lines=[Line(text=text, quad=[(1, 1), (90, 1), (90, 20), (1, 20)])])
+    open_store(stack.settings).put(f"results/{job_id}.json", result.model_dump_json().encode())
+    jobstore.finish_succeeded(db, job, result, engine="stub", result_key=f"results/{job_id}.json",
+                              annotated_key=None, timings={})

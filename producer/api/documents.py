@@ -74,7 +74,7 @@ def get_result(document_id: Id, svc: ServiceDep, who: CallerDep, format: OutputF
     they did not write are built now (documents of at most api.max_build_pages pages). 409 while its pages are being
     processed or (JSON, markdown, PDF) its outputs are being written (the document's ``outputs.state`` says which)."""
     row, progress, _ = ingests.document_progress(svc.db, document_id, tenant_id=who.tenant_id)
-    return document_file(svc, row, done=progress.done, fmt=format, page=page)
+    return document_file(svc, row, done=progress.done, fmt=format, page=page, tenant_id=who.tenant_id)
 
 
 @router.get("/{document_id}/events", response_class=StreamingResponse,

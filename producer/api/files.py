@@ -5,19 +5,21 @@ same page results (PAGE XML's time is when its page was finished)."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from fastapi.responses import Response
 
-from paperlane.errors import redact
+from paperlane.errors import ObjectNotFound, redact
 from paperlane.formats import ARCHIVE_FORMATS, FORMATS, document_bytes, file_name, page_bytes
 from paperlane.producer.api.errors import ApiError
+from paperlane.producer.api.limits import retry_after
 from paperlane.producer.api.service import Service
 from paperlane.schemas import OutputFormat
 from paperlane.status import OutputsState
 from paperlane.storage import ingests, views
 from paperlane.storage.db import as_utc
-from paperlane.storage.objects import document_key
+from paperlane.storage.objects import built_key, document_key
 from paperlane.storage.outputs import written_formats
 from paperlane.storage.results import document_results, page_result
 from paperlane.storage.tables import DocumentRow
@@ -34,7 +36,8 @@ DOCUMENT_FILES = _contents(list(OutputFormat))
 PAGE_FILES = _contents([OutputFormat.JSON, *(f for f in ARCHIVE_FORMATS if FORMATS[f].page)])
 
 
-def document_file(svc: Service, row: DocumentRow, *, done: bool, fmt: OutputFormat, page: int | None) -> Response:
+def document_file(svc: Service, row: DocumentRow, *, done: bool, fmt: OutputFormat, page: int | None,
+                  tenant_id: str) -> Response:
     """The document in ``fmt`` (``page``: which page's PAGE XML, when it has several). 409 until every page is final
     (and, for JSON, markdown and PDF, until the outputs are written); 404 for what is not there and cannot be built."""
     if not done:
@@ -44,17 +47,19 @@ def document_file(svc: Service, row: DocumentRow, *, done: bool, fmt: OutputForm
     if fmt in written_formats(row):
         data = svc.store.get(document_key(row.id, fmt, number, total))
     elif fmt in ARCHIVE_FORMATS:
-        data = _built(svc, row, fmt, number)
+        data = _kept(svc, row, fmt, number, tenant_id=tenant_id)
     else:
         raise _not_written(row, fmt)
     return _response(data, fmt, name=row.name, page=number, total=total)
 
 
-def page_file(svc: Service, found: ingests.PageView, fmt: OutputFormat) -> Response:
-    """The page alone in an archive format (ALTO, PAGE XML, hOCR), built from its result; 409 until it is final."""
+def page_file(svc: Service, found: ingests.PageView, fmt: OutputFormat, *, tenant_id: str) -> Response:
+    """The page alone in an archive format (ALTO, PAGE XML, hOCR), built from its result (one page of the tenant's
+    ``api.build_pages_per_minute``); 409 until it is final."""
     document, job, number = found.document, found.job, found.page.page_no
     if not views.page_state(job).final:
         raise ApiError(409, "not_ready", "the page is still being processed", {"Retry-After": "1"})
+    _spend(svc, tenant_id, 1)
     result = page_result(svc.store, job, source=document.source, page_no=number)
     data = page_bytes(fmt, result, name=document.name, ext=document.ext, page_count=document.pages_total,
                       created=as_utc(job.finished_at))
@@ -74,6 +79,34 @@ def _page_number(fmt: OutputFormat, page: int | None, total: int) -> int | None:
     if not 1 <= page <= total:
         raise ApiError(404, "not_found", f"the document has pages 1 to {total}")
     return page
+
+
+def _kept(svc: Service, row: DocumentRow, fmt: OutputFormat, page: int | None, *, tenant_id: str) -> bytes:
+    """``fmt`` as built for this version of the document's pages: read back when it was built before, else built
+    now (its pages spent from the tenant's ``api.build_pages_per_minute``: 429 past it) and kept beside the
+    document's outputs. The version changes when a page's result does (the document finishes again)."""
+    finished = as_utc(row.finished_at)
+    version = hashlib.sha256(f"{finished.isoformat() if finished else '-'}/{row.pages_succeeded}/{row.pages_failed}/"
+                             f"{row.pages_total}".encode()).hexdigest()[:16]
+    key = built_key(row.id, version, fmt, page, row.pages_total)
+    try:
+        return svc.store.get(key)
+    except ObjectNotFound:
+        pass
+    if row.pages_total <= svc.settings.api.max_build_pages:  # larger: _built refuses it, at no cost
+        _spend(svc, tenant_id, 1 if fmt is OutputFormat.PAGE else row.pages_total)
+    data = _built(svc, row, fmt, page)
+    svc.store.put(key, data, content_type=FORMATS[fmt].media_type)
+    return data
+
+
+def _spend(svc: Service, tenant_id: str, pages: int) -> None:
+    per_minute = svc.settings.api.build_pages_per_minute
+    wait = svc.limits.spend(f"tenant.{tenant_id}", pages, per_minute=per_minute)
+    if wait:
+        raise ApiError(429, "build_limited", f"this tenant has had {per_minute:,} pages of archive formats built in "
+                       "the last minute (api.build_pages_per_minute); what was built is kept and read back freely",
+                       {"Retry-After": retry_after(wait)})
 
 
 def _built(svc: Service, row: DocumentRow, fmt: OutputFormat, page: int | None) -> bytes:

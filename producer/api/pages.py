@@ -26,7 +26,7 @@ def get_page(page_id: Id, svc: ServiceDep, who: CallerDep,
     """A page: its status and, once final, its result; or the page in ALTO, PAGE XML or hOCR."""
     found = ingests.get_page(svc.db, page_id, tenant_id=who.tenant_id)
     if format != "json":
-        return page_file(svc, found, OutputFormat(format))
+        return page_file(svc, found, OutputFormat(format), tenant_id=who.tenant_id)
     result = None
     if views.page_state(found.job).final:
         result = page_result(svc.store, found.job, source=found.document.source, page_no=found.page.page_no)

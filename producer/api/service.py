@@ -37,7 +37,7 @@ from paperlane.settings import Settings
 from paperlane.storage import usage
 from paperlane.storage.db import Database, utcnow
 from paperlane.storage.objects import ObjectStore, open_store
-from paperlane.storage.tenants import Caller, PageBudget, authenticate, key_active
+from paperlane.storage.tenants import Caller, PageBudget, authenticate, hash_key, key_active
 
 T = TypeVar("T")
 
@@ -57,7 +57,7 @@ class Service:
     streams: CapacityLimiter
     dns: ThreadPoolExecutor
     ingests: ThreadPoolExecutor
-    auth_cache: dict[str, tuple[float, Caller | None]] = field(default_factory=dict)
+    auth_cache: dict[str, tuple[float, Caller]] = field(default_factory=dict)  # key digest -> (until, caller)
     live_cache: dict[str, tuple[float, bool]] = field(default_factory=dict)  # key id -> (until, not revoked)
     registering: set[asyncio.Future[None]] = field(default_factory=set)  # S3 ingests being registered
     registering_tenants: set[str] = field(default_factory=set)  # ... their tenants
@@ -89,14 +89,21 @@ class Service:
         self.redis.close()
 
     def caller(self, key: str) -> Caller | None:
-        """The caller a key belongs to (looked up again every few seconds), or None. Blocks: call it in a thread."""
+        """The caller a key belongs to (looked up again every few seconds), or None. Blocks: call it in a thread.
+
+        Only keys found are remembered, by their digest: a refused key (however long) is not kept."""
         now = time.monotonic()
-        cached = self.auth_cache.get(key)
+        digest = hash_key(key)
+        cached = self.auth_cache.get(digest)
         if cached is None or cached[0] < now:
+            found = authenticate(self.db, key)
+            if found is None:
+                self.auth_cache.pop(digest, None)
+                return None
             if len(self.auth_cache) > 10_000:
                 self.auth_cache.clear()
-            cached = (now + _AUTH_TTL, authenticate(self.db, key))
-            self.auth_cache[key] = cached
+            cached = (now + _AUTH_TTL, found)
+            self.auth_cache[digest] = cached
         return cached[1]
 
     def live(self, who: Caller, *, fresh: bool = False) -> bool:
