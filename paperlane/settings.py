@@ -302,6 +302,8 @@ class ApiSettings(BaseModel):
                                         "METS) a tenant may have the API build on request per minute, all replicas "
                                         "together: a build costs its pages (429 past it); a file built once is "
                                         "kept beside the document's outputs and read back for free")
+    build_threads: int = Field(1, ge=1, description="archive formats one API process builds at once (the others "
+                               "wait): a build is CPU-bound, and each one more takes the interpreter from reads")
     webhook_attempts: int = Field(6, ge=1, description="deliveries of one webhook before it is given up")
     webhook_backoff: float = Field(2.0, ge=0, description="seconds before the first webhook retry; doubles")
     webhook_timeout: float = Field(10.0, gt=0, description="seconds one webhook delivery may take in all: the "

@@ -95,7 +95,8 @@ def _kept(svc: Service, row: DocumentRow, fmt: OutputFormat, page: int | None, *
         pass
     if row.pages_total <= svc.settings.api.max_build_pages:  # larger: _built refuses it, at no cost
         _spend(svc, tenant_id, 1 if fmt is OutputFormat.PAGE else row.pages_total)
-    data = _built(svc, row, fmt, page)
+    with svc.building:  # api.build_threads at a time: a build is CPU-bound
+        data = _built(svc, row, fmt, page)
     svc.store.put(key, data, content_type=FORMATS[fmt].media_type)
     return data
 

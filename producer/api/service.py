@@ -5,7 +5,8 @@ within its rates and its tenant's monthly budget.
 Work that waits on others runs on threads of its own kind, so that one kind cannot hold the others up: uploads
 are registered under ``registration`` (``api.register_threads``), streams and long polls read the database under
 ``streams`` (``api.stream_threads``), callback hosts resolve on ``dns`` (``api.webhook_concurrency``), S3 ingests
-register on ``ingests`` (``api.ingest_threads``, one per tenant at a time); the rest (key lookups, status reads)
+register on ``ingests`` (``api.ingest_threads``, one per tenant at a time), archive formats build ``api.build_threads``
+at a time (``building``); the rest (key lookups, status reads)
 shares anyio's default threads. ``/healthz`` needs none.
 """
 
@@ -63,6 +64,7 @@ class Service:
     registering_tenants: set[str] = field(default_factory=set)  # ... their tenants
     stopping: threading.Event = field(default_factory=threading.Event)  # the API is stopping: so does registration
     uploads: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(16, thread_name_prefix="upload"))
+    building: threading.BoundedSemaphore = field(default_factory=lambda: threading.BoundedSemaphore(1))
 
     @classmethod
     def open(cls, settings: Settings) -> Service:
@@ -73,7 +75,8 @@ class Service:
         return cls(settings, db, open_store(settings), CeleryPublisher(make_celery(settings)), client, Limits(client),
                    registration=CapacityLimiter(api.register_threads), streams=CapacityLimiter(api.stream_threads),
                    dns=ThreadPoolExecutor(api.webhook_concurrency, thread_name_prefix="dns"),
-                   ingests=ThreadPoolExecutor(api.ingest_threads, thread_name_prefix="ingest"))
+                   ingests=ThreadPoolExecutor(api.ingest_threads, thread_name_prefix="ingest"),
+                   building=threading.BoundedSemaphore(api.build_threads))
 
     @cached_property
     def fair(self) -> FairLanes:
