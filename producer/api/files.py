@@ -89,12 +89,13 @@ def _kept(svc: Service, row: DocumentRow, fmt: OutputFormat, page: int | None, *
     version = hashlib.sha256(f"{finished.isoformat() if finished else '-'}/{row.pages_succeeded}/{row.pages_failed}/"
                              f"{row.pages_total}".encode()).hexdigest()[:16]
     key = built_key(row.id, version, fmt, page, row.pages_total)
+    if row.pages_total > svc.settings.api.max_build_pages:
+        return _built(svc, row, fmt, page)  # refused (404 not_written), at no cost, even when built before
     try:
         return svc.store.get(key)
     except ObjectNotFound:
         pass
-    if row.pages_total <= svc.settings.api.max_build_pages:  # larger: _built refuses it, at no cost
-        _spend(svc, tenant_id, 1 if fmt is OutputFormat.PAGE else row.pages_total)
+    _spend(svc, tenant_id, 1 if fmt is OutputFormat.PAGE else row.pages_total)
     with svc.building:  # api.build_threads at a time: a build is CPU-bound
         data = _built(svc, row, fmt, page)
     svc.store.put(key, data, content_type=FORMATS[fmt].media_type)
