@@ -19,13 +19,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from common import start_services, start_worker, stop, write_config  # noqa: E402
+from common import start_services, start_sim, start_worker, stop, write_config  # noqa: E402
 
 from paperlane.settings import load_settings  # noqa: E402
 from paperlane.storage import tenants  # noqa: E402
 from paperlane.storage.db import Database  # noqa: E402
 from tests.api_server import ApiProcess  # noqa: E402
-from tests.sim_engine import start_sim_engine  # noqa: E402
 
 
 def main() -> int:
@@ -37,8 +36,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         svc = start_services(root)
-        sim = start_sim_engine(root / "sim", slots=16, latency=0.32, scheduling_policy="priority",
-                               max_model_len=32768)
+        sim = start_sim(root)
         worker = server = None
         try:
             config = write_config(svc, root)
