@@ -117,7 +117,7 @@ def install(app: FastAPI) -> None:
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return error(exc.status_code, code, "no such resource" if exc.status_code == 404 else code.replace("_", " "),
-                     exc.headers)  # 405's Allow
+                     dict(exc.headers or {}))  # 405's Allow
 
     @app.exception_handler(Exception)
     async def internal(request: Request, exc: Exception) -> JSONResponse:

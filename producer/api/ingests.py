@@ -153,7 +153,7 @@ async def _drive(svc: Service, who: Caller, first: Submitter, again: Callable[[]
             _close(svc, submitter, why)
             return
         submitter = again()
-        await to_thread.run_sync(lambda s=submitter: s.open(name=job.name, sources=job.key))
+        await to_thread.run_sync(partial(submitter.open, name=job.name, sources=job.key))
 
 
 async def _room(svc: Service, who: Caller) -> str | None:
