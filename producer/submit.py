@@ -14,7 +14,8 @@ pages are all final when it is registered has its outputs due from that registra
 
 An API tenant's ingest reserves each document's pages from the tenant's budget (``PageBudget``) once they are
 counted and before the document is stored; a document with more pages than the whole budget is refused, and
-what was reserved and never registered (the submit stopped) is given back.
+what was reserved and never registered (the submit stopped) is given back, unless ``register_fitting`` asks for the
+documents staged before the budget ran out to be registered first (the API's S3 ingests, which continue later).
 
 Every message carries the ingest's fair share (its tenant, the tenant's weight, the ingest's weight), by which
 its page waits in its lane (``priority.fair``).
@@ -152,7 +153,7 @@ class Submitter:
                  priority: int = 0, force: bool = False, publisher: Publisher | None = None,
                  limits: IngestSettings | None = None, resume: bool = True, chunk_pages: int = CHUNK_PAGES,
                  owner: ingests.Owner | None = None, uploads: ThreadPoolExecutor | None = None,
-                 pages: PageBudget | None = None, weight: float = 1.0) -> None:
+                 pages: PageBudget | None = None, weight: float = 1.0, register_fitting: bool = False) -> None:
         if not MIN_WEIGHT <= weight <= MAX_WEIGHT:
             raise UsageError(f"an ingest's weight is between {MIN_WEIGHT:g} and {MAX_WEIGHT:g}, got {weight:g}")
         self.db, self.store, self.spec, self.lane, self.force = db, store, spec, lane, force
@@ -174,6 +175,7 @@ class Submitter:
         self._pack = bytearray()
         self._pack_docs: list[_Doc] = []
         self.pages = pages
+        self.register_fitting = register_fitting  # out of budget: register the documents staged so far, then stop
         self._reserved = 0  # pages reserved for documents staged and not registered yet
 
     def submit(self, items: Iterable[Document | Skipped], *, name: str,
@@ -220,8 +222,8 @@ class Submitter:
                 continue
             try:
                 chunk.append(self._stage(ingest_id, seq, item))
-            except OverBudget:  # no room now: what fits is registered; run again later, the submit resumes after it
-                if chunk:
+            except OverBudget:
+                if chunk and self.register_fitting:  # what fits is registered: run again, the submit resumes after it
                     yield from self._register(ingest_id, chunk)
                 raise
             seq += 1

@@ -60,7 +60,7 @@ async def post_ingest(req: IngestRequest, svc: ServiceDep, who: CallerDep) -> di
         return Submitter(db=svc.db, store=svc.store, spec=spec, lane=opts.lane, priority=opts.priority,
                          publisher=svc.publisher, limits=svc.settings.ingest, resume=True,
                          owner=ingests.Owner(who.tenant_id, who.key_id, opts.callback_url), pages=svc.pages(who),
-                         weight=opts.weight)
+                         weight=opts.weight, register_fitting=True)
     first = submitter()
     name = opts.name or ", ".join(sources)[:200]
     ingest_id = await to_thread.run_sync(lambda: first.open(name=name, sources=sources_key))
