@@ -54,7 +54,7 @@ def test_every_operation_answers_within_its_schema(stack_factory: type, tmp_path
         body = uploaded.json()
         free = _schemathesis(api, key, tmp_path, CONFIG)
         assert free.returncode == 0, free.stdout[-12000:] + free.stderr[-3000:]
-        pinned = tmp_path / "schemathesis.toml"  # the other tenant's ids in every path: each must answer 404
+        pinned = tmp_path / "pinned.toml"  # the other tenant's ids in every path: each must answer 404
         pinned.write_text(CONFIG.read_text() + f'\n[parameters]\n"path.document_id" = "{body["document_id"]}"\n'
                           f'"path.page_id" = "{body["pages"][0]["page_id"]}"\n'
                           f'"path.ingest_id" = "{body["ingest_id"]}"\n')
