@@ -52,9 +52,9 @@ class IngestRequest(Options):
         {"required": ["source"], "properties": {"source": {"type": "string"}}},
         {"required": ["bucket", "keys"], "properties": {"bucket": {"type": "string"}, "keys": {"minItems": 1}}}]})
 
-    source: str | None = Field(None, pattern="^s3://[a-z0-9][a-z0-9.-]{1,62}(/[^\\x00-\\x1f\\x7f]*)?$",
+    source: str | None = Field(None, pattern="^s3://[a-z0-9][a-z0-9.-]{0,62}(/[^\\x00-\\x1f\\x7f]*)?$",
                                description="s3://bucket/prefix: every object under it")
-    bucket: str | None = Field(None, pattern="^[a-z0-9][a-z0-9.-]{1,62}$",
+    bucket: str | None = Field(None, pattern="^[a-z0-9][a-z0-9.-]{0,62}$",
                                description="with keys: the bucket of the listed objects")
     keys: list[Annotated[str, Field(min_length=1, max_length=1024, pattern=_TEXT)]] = Field(
         default_factory=list, max_length=10_000, description="object keys, each a document")
