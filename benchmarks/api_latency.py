@@ -21,13 +21,12 @@ import time
 from pathlib import Path
 
 import httpx
-from common import small_page, start_services, start_worker, stop, with_comment, write_config
+from common import small_page, start_services, start_sim, start_worker, stop, with_comment, write_config
 
 from paperlane.settings import load_settings
 from paperlane.storage import tenants
 from paperlane.storage.db import Database
 from tests.api_server import ApiProcess
-from tests.sim_engine import start_sim_engine
 
 
 def pct(values: list[float], q: float) -> float:
@@ -42,8 +41,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         svc = start_services(root)
-        sim = start_sim_engine(root / "sim", slots=16, latency=0.32, scheduling_policy="priority",
-                               max_model_len=32768)
+        sim = start_sim(root)
         procs: list[subprocess.Popen[bytes]] = []
         server: ApiProcess | None = None
         try:

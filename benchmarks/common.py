@@ -35,6 +35,7 @@ from PIL import Image, ImageDraw, ImageFont  # noqa: E402
 from sqlalchemy import func, select  # noqa: E402
 
 from paperlane.models.profiles import get_profile  # noqa: E402
+from tests.sim_engine import SimEngine, start_sim_engine  # noqa: E402
 from paperlane.priority.broker import PagePublisher, make_celery  # noqa: E402
 from paperlane.settings import load_settings  # noqa: E402
 from paperlane.storage.db import Database  # noqa: E402
@@ -118,6 +119,11 @@ def start_services(root: Path) -> Services:
     """Private Redis, PostgreSQL and SeaweedFS S3 on free loopback ports, as the tests start them."""
     return Services(services.start_redis(root / "redis"), services.start_postgres(root / "pg"),
                     services.start_seaweedfs(root / "s3"))
+
+
+def start_sim(root: Path) -> SimEngine:
+    """The simulated vLLM server the API's benchmarks run against (tests/sim_engine.py: 16 slots x 0.32 s)."""
+    return start_sim_engine(root / "sim", slots=16, latency=0.32, scheduling_policy="priority", max_model_len=32768)
 
 
 def write_config(svc: Services, root: Path, **overrides: str) -> Path:

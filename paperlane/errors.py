@@ -14,6 +14,7 @@
      │    ├── JobNotFound, IngestNotFound, DocumentNotFound, PageNotFound, TenantNotFound
      ├── OverBudget               the tenant has as many pages in flight as it may (retryable when the pages
      │                            asked for fit in its budget at all)
+     ├── MonthlyBudgetUsed        the tenant's pages this month would pass its monthly budget
      ├── OutOfMemory              not enough memory for this page now (retryable)
      └── WorkerStopping           the worker stopped before the page was done: back to its lane, the attempt
                                   not counted (retryable)
@@ -150,6 +151,22 @@ class OverBudget(PaperlaneError):
 
 def _over_budget(asked: int, in_flight: int, cap: int) -> OverBudget:
     return OverBudget(asked=asked, in_flight=in_flight, cap=cap)
+
+
+class MonthlyBudgetUsed(PaperlaneError):
+    """A tenant's pages reserved this month would pass its monthly budget (not retryable: the month must end)."""
+
+    def __init__(self, *, asked: int, used: int, limit: int) -> None:
+        super().__init__(f"this tenant has used {used:,} of its {limit:,} pages this month; {asked:,} more would "
+                         "pass it", stage="upload", retryable=False)
+        self.asked, self.used, self.limit = asked, used, limit
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_monthly, (self.asked, self.used, self.limit))
+
+
+def _monthly(asked: int, used: int, limit: int) -> MonthlyBudgetUsed:
+    return MonthlyBudgetUsed(asked=asked, used=used, limit=limit)
 
 
 class OutOfMemory(PaperlaneError):

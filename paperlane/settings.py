@@ -324,6 +324,12 @@ class ApiSettings(BaseModel):
                                  "or METS the API builds on request when the workers did not write it (it reads "
                                  "each page's result from the object store, then a few ms of CPU a page); larger "
                                  "documents answer 404 not_written (write them: worker.output_formats)")
+    build_pages_per_minute: int = Field(1000, ge=1, description="pages of archive formats (ALTO, PAGE XML, hOCR, "
+                                        "METS) a tenant may have the API build on request per minute, all replicas "
+                                        "together: a build costs its pages (429 past it); a file built once is "
+                                        "kept beside the document's outputs and read back for free")
+    build_threads: int = Field(1, ge=1, description="archive formats one API process builds at once (the others "
+                               "wait): a build is CPU-bound, and each one more takes the interpreter from reads")
     webhook_attempts: int = Field(6, ge=1, description="deliveries of one webhook before it is given up")
     webhook_backoff: float = Field(2.0, ge=0, description="seconds before the first webhook retry; doubles")
     webhook_timeout: float = Field(10.0, gt=0, description="seconds one webhook delivery may take in all: the "

@@ -14,7 +14,8 @@ pages are all final when it is registered has its outputs due from that registra
 
 An API tenant's ingest reserves each document's pages from the tenant's budget (``PageBudget``) once they are
 counted and before the document is stored; a document with more pages than the whole budget is refused, and
-what was reserved and never registered (the submit stopped) is given back.
+what was reserved and never registered (the submit stopped) is given back, unless ``register_fitting`` asks for the
+documents staged before the budget ran out to be registered first (the API's S3 ingests, which continue later).
 
 Every message carries the ingest's fair share (its tenant, the tenant's weight, the ingest's weight), by which
 its page waits in its lane (``priority.fair``).
@@ -137,7 +138,7 @@ class Submitter:
                  priority: int = 0, force: bool = False, publisher: PagePublisher | None = None,
                  limits: IngestSettings | None = None, resume: bool = True, chunk_pages: int = CHUNK_PAGES,
                  owner: ingests.Owner | None = None, uploads: ThreadPoolExecutor | None = None,
-                 pages: PageBudget | None = None, weight: float = 1.0) -> None:
+                 pages: PageBudget | None = None, weight: float = 1.0, register_fitting: bool = False) -> None:
         check_weight(weight, whose="an ingest's")
         self.db, self.store, self.spec, self.lane, self.force = db, store, spec, lane, force
         self.weight = weight
@@ -158,6 +159,7 @@ class Submitter:
         self._pack = bytearray()
         self._pack_docs: list[_Doc] = []
         self.pages = pages
+        self.register_fitting = register_fitting  # out of budget: register the documents staged so far, then stop
         self._reserved = 0  # pages reserved for documents staged and not registered yet
 
     def submit(self, items: Iterable[Document | Skipped], *, name: str,
@@ -202,7 +204,12 @@ class Submitter:
             if item.source in known:
                 self.summary.skipped_before += 1
                 continue
-            chunk.append(self._stage(ingest_id, seq, item))
+            try:
+                chunk.append(self._stage(ingest_id, seq, item))
+            except OverBudget:
+                if chunk and self.register_fitting:  # what fits is registered: run again, the submit resumes after it
+                    yield from self._register(ingest_id, chunk)
+                raise
             seq += 1
             pages += chunk[-1].row.pages_total
             if pages >= self.chunk_pages:

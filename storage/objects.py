@@ -14,6 +14,8 @@ layout of the bucket is in one place:
                                               .alto.xml, .hocr, .mets.xml; a page's of a document of several
     documents/<document_id>-p<N><suffix>      pages (PAGE XML, and the ALTO and PAGE XML its METS lists), as
                                               paperlane.formats.file_name names files
+    documents/built/<version>/<document_id>...   an archive format the API built on request, kept per version of
+                                              the document's pages (built_key)
 """
 
 from __future__ import annotations
@@ -75,6 +77,12 @@ def document_key(document_id: str, fmt: OutputFormat, page: int | None = None, p
     """Where a document's output in ``fmt`` goes: the document's file (``page`` None, or its only page), or
     page ``page``'s file of a document of ``page_count`` pages."""
     return "documents/" + file_name(document_id, fmt, page, page_count)
+
+
+def built_key(document_id: str, version: str, fmt: OutputFormat, page: int | None = None, page_count: int = 1) -> str:
+    """Where the API keeps an archive format it built on request, beside the document's outputs: one per version
+    of the document's pages (``version``: what changes when a page's result does), so a later request reads it."""
+    return f"documents/built/{version}/" + file_name(document_id, fmt, page, page_count)
 
 
 def result_key(job_id: str) -> str:

@@ -242,6 +242,9 @@ class TenantRow(Base):
     max_pages_in_flight: Mapped[int | None] = mapped_column(Integer, nullable=True)  # None: api.max_pages_in_flight
     weight: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")  # its share of each lane
     monthly_pages: Mapped[int | None] = mapped_column(Integer, nullable=True)  # None: no monthly budget
+    # Pages reserved in the month starting ``month_start`` (PageBudget.reserve: the same UPDATE as pages_in_flight).
+    month_start: Mapped[date | None] = mapped_column(Date, nullable=True)
+    month_pages: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class IngestGrantRow(Base):

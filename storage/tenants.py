@@ -19,13 +19,16 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from datetime import datetime
+
+from sqlalchemy import case, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from paperlane.errors import OverBudget, TenantNotFound, UsageError
+from paperlane.errors import MonthlyBudgetUsed, OverBudget, TenantNotFound, UsageError
 from paperlane.schemas import check_weight
 from paperlane.storage.db import Database, utcnow
 from paperlane.storage.tables import ApiKeyRow, IngestGrantRow, TenantRow
+from paperlane.storage.usage import month_start
 
 KEY_PREFIX = "pl_"
 
@@ -84,6 +87,12 @@ def authenticate(db: Database, key: str) -> Caller | None:
     return Caller(key_id=key_id, tenant_id=tenant_id, tenant=tenant, interactive=bool(interactive))
 
 
+def key_active(db: Database, key_id: str) -> bool:
+    """Whether the key ``key_id`` exists and is not revoked."""
+    with db.session() as s:
+        return s.scalar(select(ApiKeyRow.id).where(ApiKeyRow.id == key_id, ApiKeyRow.revoked_at.is_(None))) is not None
+
+
 def list_keys(db: Database, tenant: str | None = None) -> list[tuple[ApiKeyRow, str]]:
     """Keys (with their tenant's name), newest first."""
     with db.session() as s:
@@ -136,28 +145,47 @@ def _tenant_id(s: Session, tenant: str) -> str:
 
 
 class PageBudget:
-    """A tenant's pages in flight: at most its own ``max_pages_in_flight``, or ``default_cap``."""
+    """A tenant's pages in flight (at most its own ``max_pages_in_flight``, or ``default_cap``) and its pages this
+    month (at most its ``monthly_pages``), reserved together in one conditional UPDATE: whichever API replica or
+    thread reserves, the database's row lock orders them and each sees the others' reservations."""
 
     def __init__(self, db: Database, tenant_id: str, *, default_cap: int) -> None:
         self.db, self.tenant_id, self.default_cap = db, tenant_id, default_cap
 
-    def reserve(self, pages: int) -> None:
-        """Reserve ``pages`` more. Raises OverBudget (retryable unless ``pages`` is more than the whole budget)."""
-        t = TenantRow
+    def reserve(self, pages: int, *, now: datetime | None = None) -> None:
+        """Reserve ``pages`` more, in flight and this month. Raises OverBudget (retryable unless ``pages`` is more
+        than the whole budget), MonthlyBudgetUsed."""
+        t, month = TenantRow, month_start(now or utcnow())
         cap = func.coalesce(t.max_pages_in_flight, self.default_cap)
+        used = case((t.month_start == month, t.month_pages), else_=0)
         with self.db.session() as s:
-            done = s.execute(update(t).where(t.id == self.tenant_id, t.pages_in_flight + pages <= cap)
-                             .values(pages_in_flight=t.pages_in_flight + pages))
+            done = s.execute(update(t).where(t.id == self.tenant_id, t.pages_in_flight + pages <= cap,
+                                             or_(t.monthly_pages.is_(None), used + pages <= t.monthly_pages))
+                             .values(pages_in_flight=t.pages_in_flight + pages, month_pages=used + pages,
+                                     month_start=month))
             if done.rowcount:
                 return
+            found = s.execute(select(t.monthly_pages, used).where(t.id == self.tenant_id)).one_or_none()
+        if found is not None and found[0] is not None and found[1] + pages > found[0]:
+            raise MonthlyBudgetUsed(asked=pages, used=int(found[1]), limit=int(found[0]))
         in_flight, limit = self.room()
         raise OverBudget(asked=pages, in_flight=in_flight, cap=limit)
 
-    def release(self, pages: int) -> None:
-        """Give back ``pages`` reserved and never registered."""
+    def release(self, pages: int, *, now: datetime | None = None) -> None:
+        """Give back ``pages`` reserved and never registered (to this month's count too, when reserved in it)."""
+        t, month = TenantRow, month_start(now or utcnow())
+        with self.db.session() as s:
+            s.execute(update(t).where(t.id == self.tenant_id).values(
+                pages_in_flight=t.pages_in_flight - pages,
+                month_pages=case((t.month_start == month, t.month_pages - pages), else_=t.month_pages)))
+
+    def month(self, *, now: datetime | None = None) -> int:
+        """The pages reserved this month."""
         t = TenantRow
         with self.db.session() as s:
-            s.execute(update(t).where(t.id == self.tenant_id).values(pages_in_flight=t.pages_in_flight - pages))
+            found = s.scalar(select(case((t.month_start == month_start(now or utcnow()), t.month_pages), else_=0))
+                             .where(t.id == self.tenant_id))
+        return int(found or 0)
 
     def room(self) -> tuple[int, int]:
         """(pages in flight, the tenant's cap)."""

@@ -11,6 +11,20 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# Each step folder and the package it installs as (pyproject's [tool.setuptools.package-dir]).
+FOLDERS = {"paperlane": "paperlane", "producer": "paperlane.producer", "priority": "paperlane.priority",
+           "workers": "paperlane.workers", "models": "paperlane.models", "storage": "paperlane.storage"}
+
+
+def _modules() -> list[tuple[str, Path]]:
+    found = []
+    for folder, package in FOLDERS.items():
+        for path in sorted((REPO / folder).rglob("*.py")):
+            rel = path.relative_to(REPO / folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            found.append((".".join([package, *parts]), path))
+    return found
+
 
 @pytest.mark.processes
 def test_no_package_imports_one_above_it() -> None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from paperlane.errors import UsageError
 from paperlane.formats.registry import file_name
+from paperlane.formats.xmlchars import xml_safe
 from paperlane.schemas import OutputFormat, PageResult
 
 if TYPE_CHECKING:
@@ -55,6 +56,13 @@ class Content:
     preview: Any = None  # the annotated image's canvas: the page's preview (numpy) from preprocessing
     # Where page N's file in a format is, for a METS: default ``file_name(stem, fmt, N, count)``, beside it.
     page_file_href: Callable[[OutputFormat, int], str] | None = None
+
+    def __post_init__(self) -> None:
+        # Names from outside (a file's, an engine's) reach XML attributes: one rule for what XML 1.0 forbids.
+        for name in ("name", "ext", "document_id", "source", "stem", "original_href"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, xml_safe(value))
 
     @property
     def count(self) -> int:

@@ -17,6 +17,7 @@ from lxml import etree
 from paperlane.formats.content import Content
 from paperlane.formats.registry import Format, lookup, media_type_of
 from paperlane.formats.view import PageView, as_view, producer
+from paperlane.formats.xmlchars import xml_safe
 from paperlane.schemas import OutputFormat, PageResult
 
 NS = "http://www.loc.gov/METS/"
@@ -61,7 +62,7 @@ def document_mets(pages: Sequence[PageResult | PageView], *, document_id: str, n
             file_id = f"{prefix}_{number:05d}"
             kind = _listed_as(fmt) if fmt is not None else files[number].image_type
             _sub(_sub(group, "file", ID=file_id, MIMETYPE=kind), "FLocat", LOCTYPE="URL",
-                 **{f"{{{XLINK}}}href": href})
+                 **{f"{{{XLINK}}}href": xml_safe(href)})
             ids[number].append(file_id)
     sequence = _sub(_sub(root, "structMap", TYPE="PHYSICAL"), "div", TYPE="physSequence", ID="PHYS_00000")
     for view in ordered:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from paperlane.formats.xmlchars import xml_safe
 from paperlane.layout import box_quad, estimate_words, is_rtl, order_lines, quad_box
 from paperlane.models.profiles import markdown_to_text
 from paperlane.schemas import BlockKind, EngineInfo, PageResult, Point, Task, Word
@@ -295,4 +296,4 @@ def producer(engines: Sequence[Any]) -> str:
 
     described = sorted({f"engine {e.name} {e.version}" + (f", model {e.model}" if e.model else "")
                         for e in engines if e is not None})
-    return f"paperlane {__version__}" + (f" ({'; '.join(described)})" if described else "")
+    return xml_safe(f"paperlane {__version__}" + (f" ({'; '.join(described)})" if described else ""))

@@ -40,6 +40,7 @@ def create_app(settings: Settings, *, webhooks: bool = True) -> FastAPI:
             service.close()
 
     app = FastAPI(title="paperlane", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  responses=errors.ERRORS,
                   description="Scanned documents to structured text: upload, wait, stream page results.")
     errors.install(app)
     app.add_middleware(Guard)  # inside the measuring middleware: its refusals are counted too
@@ -49,14 +50,21 @@ def create_app(settings: Settings, *, webhooks: bool = True) -> FastAPI:
     return app
 
 
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+_STATUSES = frozenset({200, 202, 204, 304, 400, 401, 403, 404, 405, 409, 413, 415, 422, 429, 500, 503})
+
+
 def _measure(app: FastAPI) -> None:
     @app.middleware("http")
     async def measure(request: Request, call_next: Callable[[Request], Any]) -> Response:
         started = time.perf_counter()
         response: Response = await call_next(request)
+        # Labels from the route's template and fixed sets only: nothing a client sends makes a new series.
         route = getattr(request.scope.get("route"), "path", "unmatched")
-        API_SECONDS.labels(request.method, route).observe(time.perf_counter() - started)
-        API_REQUESTS.labels(request.method, route, str(response.status_code)).inc()
+        method = request.method if request.method in _METHODS else "other"
+        status = str(response.status_code) if response.status_code in _STATUSES else f"{response.status_code // 100}xx"
+        API_SECONDS.labels(method, route).observe(time.perf_counter() - started)
+        API_REQUESTS.labels(method, route, status).inc()
         return response
 
 

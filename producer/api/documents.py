@@ -1,6 +1,7 @@
 """/v1/documents: upload a document (or an archive of them), its status (long poll), its outputs, its events.
 
-A stream of events and a long poll each count among the key's open streams (``api.max_streams_per_key``, over every
+A stream of events ends with a ``revoked`` event, and a long poll answers 401, within the key cache's lifetime (5 s)
+of its key's revocation. A stream of events and a long poll each count among the key's open streams (``api.max_streams_per_key``, over every
 replica; 429 past it) while they last; a stream ends after ``api.stream_seconds`` (the client connects again and
 gets the pages already final again). Both read the database every ``api.stream_poll`` seconds on the streams'
 own threads, the document's counts first and its pages only when they changed."""
@@ -23,9 +24,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from paperlane.producer.api import uploads
 from paperlane.producer.api.errors import ApiError, public
-from paperlane.producer.api.files import document_file
+from paperlane.producer.api.files import DOCUMENT_FILES, document_file
 from paperlane.producer.api.limits import retry_after
-from paperlane.producer.api.options import checked
+from paperlane.producer.api.options import Id, checked, upload_form
 from paperlane.producer.api.service import CallerDep, Service, ServiceDep, check_budget
 from paperlane.schemas import OutputFormat
 from paperlane.status import OutputsState, RollupState
@@ -38,20 +39,15 @@ from paperlane.storage.tenants import Caller
 router = APIRouter(prefix="/v1/documents", tags=["documents"])
 
 _KEEPALIVE = 15.0
-_UPLOAD_FORM = {"requestBody": {"content": {"multipart/form-data": {"schema": {
-    "type": "object", "required": ["file"], "properties": {
-        "file": {"type": "string", "format": "binary"}, "lane": {"type": "string"}, "task": {"type": "string"},
-        "fields": {"type": "array", "items": {"type": "string"}}, "to": {"type": "string"},
-        "priority": {"type": "integer"}, "callback_url": {"type": "string"}, "name": {"type": "string"},
-        "weight": {"type": "number"}}}}}}}
 
 
-@router.post("", status_code=202, openapi_extra=_UPLOAD_FORM)
+@router.post("", status_code=202, openapi_extra=upload_form())
 async def post_document(request: Request, svc: ServiceDep, who: CallerDep) -> JSONResponse:
     """Upload an image, PDF, TIFF or zip/tar archive; its pages are queued. Answers with its ids."""
     values, upload = await uploads.read_form(request)
     try:
         opts, spec = await svc.resolving(checked, values, who, svc.settings.api)  # resolves the callback host
+        await to_thread.run_sync(partial(svc.check_live, who, fresh=True))  # revoked while the body came: 401
         await to_thread.run_sync(check_budget, svc, who)
         body = await to_thread.run_sync(uploads.register, svc, who, opts, spec, upload, limiter=svc.registration)
     finally:
@@ -60,7 +56,7 @@ async def post_document(request: Request, svc: ServiceDep, who: CallerDep) -> JS
 
 
 @router.get("/{document_id}")
-async def get_document(document_id: str, svc: ServiceDep, who: CallerDep,
+async def get_document(document_id: Id, svc: ServiceDep, who: CallerDep,
                        wait: Annotated[float, Query(ge=0)] = 0) -> dict[str, Any]:
     """A document's status and progress; ``wait``: hold the answer until it changes (seconds, at most api.max_wait)."""
 
@@ -69,8 +65,8 @@ async def get_document(document_id: str, svc: ServiceDep, who: CallerDep,
     return public(await wait_for_change(svc, who, read, wait))
 
 
-@router.get("/{document_id}/result")
-def get_result(document_id: str, svc: ServiceDep, who: CallerDep, format: OutputFormat = OutputFormat.JSON,
+@router.get("/{document_id}/result", response_class=Response, responses=DOCUMENT_FILES)
+def get_result(document_id: Id, svc: ServiceDep, who: CallerDep, format: OutputFormat = OutputFormat.JSON,
                page: Annotated[int | None, Query(ge=1, description="format=page: which page's PAGE XML")] = None
                ) -> Response:
     """The document in one format: JSON (its pages in order), markdown, searchable PDF, ALTO, hOCR, METS, or a page's
@@ -78,11 +74,12 @@ def get_result(document_id: str, svc: ServiceDep, who: CallerDep, format: Output
     they did not write are built now (documents of at most api.max_build_pages pages). 409 while its pages are being
     processed or (JSON, markdown, PDF) its outputs are being written (the document's ``outputs.state`` says which)."""
     row, progress, _ = status_reads.document_progress(svc.db, document_id, tenant_id=who.tenant_id)
-    return document_file(svc, row, done=progress.done, fmt=format, page=page)
+    return document_file(svc, row, done=progress.done, fmt=format, page=page, tenant_id=who.tenant_id)
 
 
-@router.get("/{document_id}/events")
-async def document_events(request: Request, document_id: str, svc: ServiceDep, who: CallerDep) -> StreamingResponse:
+@router.get("/{document_id}/events", response_class=StreamingResponse,
+            responses={200: {"description": "the stream", "content": {"text/event-stream": {"schema": {"type": "string"}}}}})
+async def document_events(request: Request, document_id: Id, svc: ServiceDep, who: CallerDep) -> StreamingResponse:
     """Server-Sent Events: ``page`` as each page finishes (with its result), then ``done``."""
     await svc.read(partial(status_reads.document_progress, svc.db, document_id,
                            tenant_id=who.tenant_id))  # 404 before the stream starts
@@ -104,6 +101,7 @@ async def wait_for_change(svc: Service, who: Caller, read: Callable[[], dict[str
     try:
         while time.monotonic() < deadline:
             await asyncio.sleep(min(api.stream_poll, max(0.0, deadline - time.monotonic())))
+            await to_thread.run_sync(svc.check_live, who)  # 401 once the key is revoked
             newer = await svc.read(read)
             if newer != view:
                 return newer
@@ -170,6 +168,9 @@ async def _frames(request: Request, svc: Service, document_id: str, who: Caller,
     last = started = time.monotonic()
     seen: tuple[int, int] | None = None  # the document's final pages when its pages were last read
     while not await request.is_disconnected() and time.monotonic() - started < api.stream_seconds:
+        if not await svc.read(svc.live, who):  # revoked: the stream ends within the key cache's lifetime
+            yield _sse("revoked", {"error": {"code": "unauthorized", "message": "this API key was revoked"}})
+            return
         document = await svc.read(status_reads.get_document, svc.db, document_id)
         if seen != (counts := (document.pages_succeeded, document.pages_failed)):
             pages = await svc.read(status_reads.document_pages, svc.db, document_id)

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -30,6 +31,40 @@ class ApiError(Exception):
 def error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
 
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """Every error's body."""
+
+    error: ErrorDetail
+
+
+def _documented(what: str, **headers: str) -> dict[str, Any]:
+    return {"model": ErrorBody, "description": what,
+            **({"headers": {h: {"description": d, "schema": {"type": "string"}} for h, d in headers.items()}}
+               if headers else {})}
+
+
+# The answers any route may give, in the one shape: the OpenAPI document lists them on every operation.
+ERRORS: dict[int | str, dict[str, Any]] = {
+    400: _documented("a malformed request: a control character in the path or query, a bad multipart body, a "
+                     "callback URL that may not be called"),
+    401: _documented("no key, or an unknown or revoked one", **{"WWW-Authenticate": "Bearer"}),
+    403: _documented("the key may not do this (the interactive lane, a bucket not granted)"),
+    404: _documented("no such resource, or another tenant's"),
+    405: _documented("the path does not take this method", Allow="the methods it takes"),
+    409: _documented("not ready yet: its pages are being processed or its outputs written",
+                    **{"Retry-After": "seconds"}),
+    413: _documented("a body, an upload or its pages over a limit"),
+    415: _documented("not a format paperlane reads"),
+    422: _documented("a parameter or body field out of its range or type"),
+    429: _documented("over a rate, budget or stream limit", **{"Retry-After": "seconds"}),
+    503: _documented("a service paperlane needs is unreachable", **{"Retry-After": "seconds"}),
+}
 
 _REASONS = frozenset({"error", "reason"})
 
@@ -79,7 +114,8 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return error(exc.status_code, code, "no such resource" if exc.status_code == 404 else code.replace("_", " "))
+        return error(exc.status_code, code, "no such resource" if exc.status_code == 404 else code.replace("_", " "),
+                     dict(exc.headers or {}))  # 405's Allow
 
     @app.exception_handler(Exception)
     async def internal(request: Request, exc: Exception) -> JSONResponse:

@@ -6,20 +6,23 @@ ALTO and PAGE XML at this API's URLs (``/v1/pages/{id}?format=alto``), since no 
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import replace
 from datetime import datetime
+from typing import Any
 
 from fastapi.responses import Response
 
-from paperlane.errors import redact
-from paperlane.formats import FORMATS, Content, build, file_name, media_type
+from paperlane.errors import ObjectNotFound, redact
+from paperlane.formats import ARCHIVE_FORMATS, FORMATS, Content, build, file_name, media_type
 from paperlane.producer.api.errors import ApiError
+from paperlane.producer.api.limits import retry_after
 from paperlane.producer.api.service import Service
 from paperlane.schemas import OutputFormat
 from paperlane.status import OutputsState
 from paperlane.storage import status_reads, views
 from paperlane.storage.db import as_utc
-from paperlane.storage.objects import document_key
+from paperlane.storage.objects import built_key, document_key
 from paperlane.storage.outputs import written_formats
 from paperlane.storage.results import document_content, document_results, page_result
 from paperlane.storage.tables import DocumentRow, JobRow
@@ -27,7 +30,19 @@ from paperlane.storage.tables import DocumentRow, JobRow
 _PAGE_ONLY = [spec for spec in FORMATS.values() if not spec.document]  # one page a file (PAGE XML)
 
 
-def document_file(svc: Service, row: DocumentRow, *, done: bool, fmt: OutputFormat, page: int | None) -> Response:
+def _contents(formats: list[OutputFormat]) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI ``responses`` of a route that answers in one of ``formats``."""
+    media = {media_type(f).split(";")[0]: {"schema": {"type": "string"} if f is not OutputFormat.JSON else {}}
+             for f in formats}
+    return {200: {"description": "the file", "content": media}}
+
+
+DOCUMENT_FILES = _contents(list(OutputFormat))
+PAGE_FILES = _contents([OutputFormat.JSON, *(f for f in ARCHIVE_FORMATS if FORMATS[f].page)])
+
+
+def document_file(svc: Service, row: DocumentRow, *, done: bool, fmt: OutputFormat, page: int | None,
+                  tenant_id: str) -> Response:
     """The document in ``fmt`` (``page``: which page's PAGE XML, when it has several). 409 until every page is final
     (and, for JSON, markdown and PDF, until the outputs are written); 404 for what is not there and cannot be built."""
     if not done:
@@ -37,17 +52,19 @@ def document_file(svc: Service, row: DocumentRow, *, done: bool, fmt: OutputForm
     if fmt in written_formats(row):
         data = svc.store.get(document_key(row.id, fmt, number, total))
     elif FORMATS[fmt].archive:
-        data = _built(svc, row, fmt, number)
+        data = _kept(svc, row, fmt, number, tenant_id=tenant_id)
     else:
         raise _not_written(row, fmt)
     return _response(data, fmt, name=row.name, page=number, total=total)
 
 
-def page_file(svc: Service, found: status_reads.PageView, fmt: OutputFormat) -> Response:
-    """The page alone in an archive format (ALTO, PAGE XML, hOCR), built from its result; 409 until it is final."""
+def page_file(svc: Service, found: status_reads.PageView, fmt: OutputFormat, *, tenant_id: str) -> Response:
+    """The page alone in an archive format (ALTO, PAGE XML, hOCR), built from its result (one page of the tenant's
+    ``api.build_pages_per_minute``); 409 until it is final."""
     document, job, number = found.document, found.job, found.page.page_no
     if not views.page_state(job).final:
         raise ApiError(409, "not_ready", "the page is still being processed", {"Retry-After": "1"})
+    _spend(svc, tenant_id, 1)
     data = _page_built(svc, document, job, fmt, number)
     return _response(data, fmt, name=document.name, page=number, total=document.pages_total)
 
@@ -67,6 +84,36 @@ def _page_number(fmt: OutputFormat, page: int | None, total: int) -> int | None:
     if not 1 <= page <= total:
         raise ApiError(404, "not_found", f"the document has pages 1 to {total}")
     return page
+
+
+def _kept(svc: Service, row: DocumentRow, fmt: OutputFormat, page: int | None, *, tenant_id: str) -> bytes:
+    """``fmt`` as built for this version of the document's pages: read back when it was built before, else built
+    now (its pages spent from the tenant's ``api.build_pages_per_minute``: 429 past it) and kept beside the
+    document's outputs. The version changes when a page's result does (the document finishes again)."""
+    finished = as_utc(row.finished_at)
+    version = hashlib.sha256(f"{finished.isoformat() if finished else '-'}/{row.pages_succeeded}/{row.pages_failed}/"
+                             f"{row.pages_total}".encode()).hexdigest()[:16]
+    key = built_key(row.id, version, fmt, page, row.pages_total)
+    if row.pages_total > svc.settings.api.max_build_pages:
+        return _built(svc, row, fmt, page)  # refused (404 not_written), at no cost, even when built before
+    try:
+        return svc.store.get(key)
+    except ObjectNotFound:
+        pass
+    _spend(svc, tenant_id, 1 if not FORMATS[fmt].document else row.pages_total)
+    with svc.building:  # api.build_threads at a time: a build is CPU-bound
+        data = _built(svc, row, fmt, page)
+    svc.store.put(key, data, content_type=media_type(fmt))
+    return data
+
+
+def _spend(svc: Service, tenant_id: str, pages: int) -> None:
+    per_minute = svc.settings.api.build_pages_per_minute
+    wait = svc.limits.spend(f"tenant.{tenant_id}", pages, per_minute=per_minute)
+    if wait:
+        raise ApiError(429, "build_limited", f"this tenant has had {per_minute:,} pages of archive formats built in "
+                       "the last minute (api.build_pages_per_minute); what was built is kept and read back freely",
+                       {"Retry-After": retry_after(wait)})
 
 
 def _built(svc: Service, row: DocumentRow, fmt: OutputFormat, page: int | None) -> bytes:

@@ -7,6 +7,10 @@ A plain ASGI middleware, so that it runs before FastAPI reads and parses a body 
   key is 401 (and one more failure of its address); past the key's or its tenant's rate, 429. The caller goes
   into the request's scope (``service.CALLER``) for the routes.
 - ``/metrics`` and ``/readyz`` need ``api.metrics_token`` when one is set (401 otherwise).
+- a path or query that holds a control character (a NUL byte, say), a lone surrogate or a non-character XML cannot
+  hold is answered before anything looks it up (a path: 404, no resource is called that; a query: 400): ids, path
+  segments, cursors and names in the query never reach the database or a writer with those in them (bodies are
+  checked by their models).
 - every body is capped: an upload (``POST /v1/documents``) at ``api.max_upload_bytes``, any other at
   ``api.max_body_bytes``; past it, 413 at once (from its Content-Length) or the moment it passes (a chunked
   body), the connection closed, and the route sees a client that went away.
@@ -15,7 +19,9 @@ A plain ASGI middleware, so that it runs before FastAPI reads and parses a body 
 from __future__ import annotations
 
 import hmac
+import re
 from functools import partial
+from urllib.parse import parse_qsl
 from typing import Any
 
 from anyio import to_thread
@@ -32,6 +38,7 @@ MULTIPART_SLACK = 64 * 1024  # an upload's form around its file
 _UPLOAD = ("POST", "/v1/documents")
 _OPERATOR = ("/metrics", "/readyz")
 _UNAUTHORIZED = {"WWW-Authenticate": "Bearer"}
+_ODD = re.compile("[\x00-\x1f\x7f\ud800-\udfff\ufffe\uffff]")  # in a path or a query: never a valid one
 
 
 class Guard:
@@ -47,7 +54,7 @@ class Guard:
         svc: Service = scope["app"].state.service
         headers = Headers(scope=scope)
         limit, what = _body_limit(svc, scope)
-        refusal = await _door(svc, scope, headers)
+        refusal = _odd(scope) or await _door(svc, scope, headers)
         if refusal is None and _declared(headers) > limit:
             refusal = _too_large(limit, what)
         if refusal is not None:
@@ -56,6 +63,20 @@ class Guard:
             await refusal(scope, receive, send)
             return
         await _bounded(self.app, scope, receive, send, limit, what)
+
+
+def _odd(scope: Scope) -> Response | None:
+    """404 when the path, 400 when a query parameter, holds a character no id, cursor or name of this API holds."""
+    query = scope.get("query_string", b"").decode("utf-8", "surrogateescape")
+    try:
+        values = [v for pair in parse_qsl(query, keep_blank_values=True, errors="surrogateescape") for v in pair]
+    except ValueError:  # more fields than parse_qsl takes
+        return error(400, "invalid_request", "the query string could not be read")
+    if _ODD.search(scope["path"]):
+        return error(404, "not_found", "no such resource: the path holds a control character or one no text may hold")
+    if any(_ODD.search(v) for v in values):
+        return error(400, "invalid_request", "a query parameter holds a control character or one no text may hold")
+    return None
 
 
 async def _door(svc: Service, scope: Scope, headers: Headers) -> Response | None:

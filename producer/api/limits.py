@@ -1,5 +1,6 @@
 """The API's limits kept in Redis, shared by every replica: sliding windows of requests (per key, per tenant, and
-failed authentications per client address), and a key's open streams.
+failed authentications per client address), a tenant's budget of costly work (a token bucket, refilled evenly:
+pages of archive formats built on request), and a key's open streams.
 
 A window is a log of the last minute's requests (a sorted set scored by time): a request is let in while every log
 it counts in holds fewer than its limit, so no burst at a minute's edge doubles the rate, as a fixed window allows.
@@ -54,6 +55,21 @@ return 1
 """
 
 
+# KEYS[1]: a bucket (a hash: its level and when it was last filled); ARGV: now (ms), capacity, refill per ms, cost.
+# Takes ``cost`` (at most the whole bucket) when the bucket holds it: 0; otherwise the ms until it will.
+_COST = """
+local now, cap, rate = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local cost = math.min(tonumber(ARGV[4]), cap)
+local held = redis.call('HMGET', KEYS[1], 't', 'v')
+local level = tonumber(held[2]) or cap
+level = math.min(cap, level + (now - (tonumber(held[1]) or now)) * rate)
+if level < cost then return math.max(1, math.ceil((cost - level) / rate)) end
+redis.call('HSET', KEYS[1], 't', now, 'v', level - cost)
+redis.call('PEXPIRE', KEYS[1], math.ceil(cap / rate) + 1000)
+return 0
+"""
+
+
 @dataclass
 class Limits:
     """The scripts, loaded once per process on the process's Redis client."""
@@ -63,6 +79,17 @@ class Limits:
     def __post_init__(self) -> None:
         self._window = self.redis.register_script(_WINDOW)
         self._open = self.redis.register_script(_OPEN)
+        self._cost = self.redis.register_script(_COST)
+
+    def spend(self, subject: str, cost: int, *, per_minute: int) -> float:
+        """Take ``cost`` from ``subject``'s budget of ``per_minute`` (refilled evenly; a cost over the whole of it
+        takes the whole of it); 0 when taken, else the seconds until it could be. Raises StorageUnavailable."""
+        try:
+            wait = self._cost(keys=[keys.rate(f"cost.{subject}")],
+                              args=[_ms(), per_minute, per_minute / (WINDOW * 1000), cost])
+        except redis.RedisError as exc:
+            raise StorageUnavailable(f"redis: {exc}") from exc
+        return int(wait) / 1000
 
     def admit(self, limits: dict[str, int], *, log: bool = True) -> float:
         """Let one request in if every subject (``"key.<id>"``, ...) has had fewer than its limit in the last

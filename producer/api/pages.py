@@ -10,7 +10,8 @@ from fastapi.responses import Response
 from paperlane.formats import Scope, format_of, media_type, media_type_of
 from paperlane.formats.registry import names
 from paperlane.producer.api.errors import ApiError, public
-from paperlane.producer.api.files import page_file
+from paperlane.producer.api.files import PAGE_FILES, page_file
+from paperlane.producer.api.options import Id
 from paperlane.producer.api.service import CallerDep, ServiceDep
 from paperlane.schemas import OutputFormat
 from paperlane.storage import status_reads, views
@@ -21,15 +22,15 @@ router = APIRouter(prefix="/v1/pages", tags=["pages"])
 _FORMATS = f"^(json|{'|'.join(names(scope=Scope.PAGE, archive=True))})$"
 
 
-@router.get("/{page_id}", response_model=None)
-def get_page(page_id: str, svc: ServiceDep, who: CallerDep,
+@router.get("/{page_id}", response_model=None, responses=PAGE_FILES)
+def get_page(page_id: Id, svc: ServiceDep, who: CallerDep,
              format: Annotated[str, Query(pattern=_FORMATS, description="json: its status and "
                                           "result; alto, page (PAGE XML), hocr: the page alone in that format, "
                                           "once it is final")] = "json") -> dict[str, Any] | Response:
     """A page: its status and, once final, its result; or the page in ALTO, PAGE XML or hOCR."""
     found = status_reads.get_page(svc.db, page_id, tenant_id=who.tenant_id)
     if format != "json":
-        return page_file(svc, found, OutputFormat(format))
+        return page_file(svc, found, OutputFormat(format), tenant_id=who.tenant_id)
     result = None
     if views.page_state(found.job).final:
         result = page_result(svc.store, found.job, source=found.document.source, page_no=found.page.page_no)
@@ -37,8 +38,9 @@ def get_page(page_id: str, svc: ServiceDep, who: CallerDep,
     return public(view)
 
 
-@router.get("/{page_id}/annotated")
-def get_annotated(page_id: str, svc: ServiceDep, who: CallerDep) -> Response:
+@router.get("/{page_id}/annotated", response_class=Response, responses={200: {
+    "description": "the image", "content": {f"image/{t}": {"schema": {"type": "string"}} for t in ("jpeg", "png", "webp")}}})
+def get_annotated(page_id: Id, svc: ServiceDep, who: CallerDep) -> Response:
     """The page's annotated image (its lines drawn on it)."""
     found = status_reads.get_page(svc.db, page_id, tenant_id=who.tenant_id)
     key = found.job.annotated_key

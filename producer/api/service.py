@@ -5,7 +5,8 @@ within its rates and its tenant's monthly budget.
 Work that waits on others runs on threads of its own kind, so that one kind cannot hold the others up: uploads
 are registered under ``registration`` (``api.register_threads``), streams and long polls read the database under
 ``streams`` (``api.stream_threads``), callback hosts resolve on ``dns`` (``api.webhook_concurrency``), S3 ingests
-register on ``ingests`` (``api.ingest_threads``, one per tenant at a time); the rest (key lookups, status reads)
+register on ``ingests`` (``api.ingest_threads``, one per tenant at a time), archive formats build ``api.build_threads``
+at a time (``building``); the rest (key lookups, status reads)
 shares anyio's default threads. ``/healthz`` needs none.
 """
 
@@ -36,7 +37,7 @@ from paperlane.settings import Settings
 from paperlane.storage import usage
 from paperlane.storage.db import Database, utcnow
 from paperlane.storage.objects import ObjectStore, open_store
-from paperlane.storage.tenants import Caller, PageBudget, authenticate
+from paperlane.storage.tenants import Caller, PageBudget, authenticate, hash_key, key_active
 
 T = TypeVar("T")
 
@@ -56,11 +57,13 @@ class Service:
     streams: CapacityLimiter
     dns: ThreadPoolExecutor
     ingests: ThreadPoolExecutor
-    auth_cache: dict[str, tuple[float, Caller | None]] = field(default_factory=dict)
+    auth_cache: dict[str, tuple[float, Caller]] = field(default_factory=dict)  # key digest -> (until, caller)
+    live_cache: dict[str, tuple[float, bool]] = field(default_factory=dict)  # key id -> (until, not revoked)
     registering: set[asyncio.Future[None]] = field(default_factory=set)  # S3 ingests being registered
     registering_tenants: set[str] = field(default_factory=set)  # ... their tenants
     stopping: threading.Event = field(default_factory=threading.Event)  # the API is stopping: so does registration
     uploads: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(16, thread_name_prefix="upload"))
+    building: threading.BoundedSemaphore = field(default_factory=lambda: threading.BoundedSemaphore(1))
 
     @classmethod
     def open(cls, settings: Settings) -> Service:
@@ -71,7 +74,8 @@ class Service:
         return cls(settings, db, open_store(settings), PagePublisher(make_celery(settings)), client, Limits(client),
                    registration=CapacityLimiter(api.register_threads), streams=CapacityLimiter(api.stream_threads),
                    dns=ThreadPoolExecutor(api.webhook_concurrency, thread_name_prefix="dns"),
-                   ingests=ThreadPoolExecutor(api.ingest_threads, thread_name_prefix="ingest"))
+                   ingests=ThreadPoolExecutor(api.ingest_threads, thread_name_prefix="ingest"),
+                   building=threading.BoundedSemaphore(api.build_threads))
 
     @cached_property
     def fair(self) -> FairLanes:
@@ -87,15 +91,40 @@ class Service:
         self.redis.close()
 
     def caller(self, key: str) -> Caller | None:
-        """The caller a key belongs to (looked up again every few seconds), or None. Blocks: call it in a thread."""
+        """The caller a key belongs to (looked up again every few seconds), or None. Blocks: call it in a thread.
+
+        Only keys found are remembered, by their digest: a refused key (however long) is not kept."""
         now = time.monotonic()
-        cached = self.auth_cache.get(key)
+        digest = hash_key(key)
+        cached = self.auth_cache.get(digest)
         if cached is None or cached[0] < now:
+            found = authenticate(self.db, key)
+            if found is None:
+                self.auth_cache.pop(digest, None)
+                return None
             if len(self.auth_cache) > 10_000:
                 self.auth_cache.clear()
-            cached = (now + _AUTH_TTL, authenticate(self.db, key))
-            self.auth_cache[key] = cached
+            cached = (now + _AUTH_TTL, found)
+            self.auth_cache[digest] = cached
         return cached[1]
+
+    def live(self, who: Caller, *, fresh: bool = False) -> bool:
+        """Whether the caller's key is still not revoked: looked up again every few seconds (``fresh``: now), so
+        what a revoked key opened (a stream, an ingest's registration) stops within the key cache's lifetime.
+        Blocks: call it in a thread."""
+        now = time.monotonic()
+        cached = None if fresh else self.live_cache.get(who.key_id)
+        if cached is None or cached[0] < now:
+            if len(self.live_cache) > 10_000:
+                self.live_cache.clear()
+            cached = (now + _AUTH_TTL, key_active(self.db, who.key_id))
+            self.live_cache[who.key_id] = cached
+        return cached[1]
+
+    def check_live(self, who: Caller, *, fresh: bool = False) -> None:
+        """401 when the caller's key was revoked (``live``)."""
+        if not self.live(who, fresh=fresh):
+            raise ApiError(401, "unauthorized", "this API key was revoked", {"WWW-Authenticate": "Bearer"})
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the threads of streams and long polls."""
@@ -144,12 +173,18 @@ def check_room(svc: Service, who: Caller) -> None:
 
 def check_budget(svc: Service, who: Caller) -> None:
     """429 when the tenant's monthly page budget is used up (pages final this month and pages not final yet);
-    pages registered before go on. The answer says when the budget starts again."""
+    pages registered before go on. The answer says when the budget starts again. A quick refusal only: the budget
+    is held by the reservation of each document's pages (``PageBudget.reserve``, ``monthly_refusal``)."""
+    found = usage.budget(svc.db, who.tenant_id)
+    if found.exhausted and found.limit is not None:
+        raise monthly_refusal(who, used=found.used, limit=found.limit)
+
+
+def monthly_refusal(who: Caller, *, used: int, limit: int) -> ApiError:
+    """The 429 of a tenant whose monthly page budget is used up, saying when it starts again."""
     now = utcnow()
-    found = usage.budget(svc.db, who.tenant_id, now=now)
-    if not found.exhausted:
-        return
-    resets = datetime.combine(found.resets, clock(), tzinfo=now.tzinfo)
-    raise ApiError(429, "monthly_budget_used", f"tenant {who.tenant} has used {found.used} of its {found.limit} pages "
-                   f"this month; new uploads and ingests are refused until {found.resets.isoformat()} (UTC)",
-                   {"Retry-After": str(max(1, int((resets - now).total_seconds())))})
+    resets = usage.next_month(now)
+    starts = datetime.combine(resets, clock(), tzinfo=now.tzinfo)
+    return ApiError(429, "monthly_budget_used", f"tenant {who.tenant} has used {used} of its {limit} pages "
+                    f"this month; new uploads and ingests are refused until {resets.isoformat()} (UTC)",
+                    {"Retry-After": str(max(1, int((starts - now).total_seconds())))})

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from fastapi import Request
@@ -20,12 +20,12 @@ from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
 from paperlane import filetypes
-from paperlane.errors import OverBudget, PaperlaneError, public_reason
+from paperlane.errors import MonthlyBudgetUsed, OverBudget, PaperlaneError, public_reason
 from paperlane.metrics import API_PAGES
 from paperlane.producer import inputs
 from paperlane.producer.api.errors import ApiError, public
 from paperlane.producer.api.options import Options
-from paperlane.producer.api.service import Service
+from paperlane.producer.api.service import Service, monthly_refusal
 from paperlane.producer.input_items import Document, Inflation, Skipped, safe_name
 from paperlane.producer.submit import SubmittedPage, Submitter
 from paperlane.schemas import TaskSpec
@@ -83,7 +83,7 @@ def register(svc: Service, who: Caller, opts: Options, spec: TaskSpec, upload: U
                           chunk_pages=cap + 1, pages=svc.pages(who), weight=opts.weight)
     inflation = Inflation(svc.settings.ingest)
     items = _bounded(inputs.expand_upload(source, filename, upload.file, size, svc.settings.ingest,
-                                          inflation=inflation), cap, inflation)
+                                          inflation=inflation), cap, inflation, live=lambda: svc.live(who, fresh=True))
     pages: list[SubmittedPage] = []
     skipped: list[dict[str, str]] = []
     try:
@@ -98,6 +98,9 @@ def register(svc: Service, who: Caller, opts: Options, spec: TaskSpec, upload: U
     except OverBudget as exc:
         _abandon(svc, submitter, None)
         raise ApiError(429, "too_many_pages", str(exc), {"Retry-After": "10"}) from None
+    except MonthlyBudgetUsed as exc:
+        _abandon(svc, submitter, None)
+        raise monthly_refusal(who, used=exc.used, limit=exc.limit) from None
     except BaseException as exc:
         _abandon(svc, submitter, public_reason(exc) if isinstance(exc, PaperlaneError) else "registration failed")
         raise
@@ -105,9 +108,11 @@ def register(svc: Service, who: Caller, opts: Options, spec: TaskSpec, upload: U
     return public(_answer(submitter.summary.ingest_id, pages, skipped))
 
 
-def _bounded(items: Iterable[Document | Skipped], cap: int, inflation: Inflation) -> Iterator[Document | Skipped]:
-    """``items``, stopped by a refusal of the whole upload: more than ``cap`` pages, or archives that inflate past
-    what the upload may cost."""
+def _bounded(items: Iterable[Document | Skipped], cap: int, inflation: Inflation, *,
+             live: Callable[[], bool]) -> Iterator[Document | Skipped]:
+    """``items``, stopped by a refusal of the whole upload: more than ``cap`` pages, archives that inflate past
+    what the upload may cost, or a key revoked before its documents are registered (``live()`` false once they are
+    all read: the upload is registered after its last document)."""
     pages = 0
     for item in items:
         if inflation.exceeded is not None:
@@ -118,6 +123,8 @@ def _bounded(items: Iterable[Document | Skipped], cap: int, inflation: Inflation
                 raise _Refused(ApiError(413, "too_many_pages", f"the upload has more than {cap:,} pages "
                                         "(api.max_pages_per_upload)"))
         yield item
+    if not live():
+        raise _Refused(ApiError(401, "unauthorized", "this API key was revoked", {"WWW-Authenticate": "Bearer"}))
 
 
 def _abandon(svc: Service, submitter: Submitter, error: str | None) -> None:
