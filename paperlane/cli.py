@@ -480,6 +480,21 @@ def db_upgrade() -> None:
     err.print(f"database at newest schema: {settings.database_url.split('@')[-1]}")
 
 
+@db_app.command("retention")
+def db_retention(
+    keep_days: Annotated[int | None, typer.Option(help="default: database.retention_days")] = None,
+) -> None:
+    """PostgreSQL: make the partitions ahead; drop old months of history (storage.history). Run it daily."""
+    from paperlane.storage import history
+    from paperlane.storage.db import Database
+
+    settings = _settings()
+    done = history.retain(Database(settings.database_url), keep_days=keep_days or settings.database.retention_days,
+                          ahead=settings.database.partitions_ahead)
+    for line in done.lines() or ["nothing to do"]:
+        out.print(line)
+
+
 keys_app = typer.Typer(help="API keys of tenants (the HTTP API).", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
 

@@ -27,15 +27,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Table, case, func, select, update
+from sqlalchemy import Table, case, func, select, true, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from paperlane.errors import DocumentNotFound, IngestNotFound, PageNotFound
 from paperlane.status import JobStatus, OutputsState, Progress
-from paperlane.storage import usage, webhooks
+from paperlane.storage import timeids, usage, webhooks
 from paperlane.storage.db import Database, as_utc, get_row, utcnow
-from paperlane.storage.tables import DocumentRow, IngestFailureRow, IngestRow, JobRow, PageRow, TenantRow
+from paperlane.storage.tables import DocumentRow, IngestFailureRow, IngestRow, JobKeyRow, JobRow, PageRow, TenantRow
 from paperlane.storage.tables import unpublished as unpublished_jobs
 
 _NAMESPACE = uuid.UUID("6a0b3c8e-3f0e-4f43-9d55-70617065726c")
@@ -45,13 +45,19 @@ _PAGES: Table = PageRow.__table__  # type: ignore[assignment]
 _JOBS: Table = JobRow.__table__  # type: ignore[assignment]
 _FAILURES: Table = IngestFailureRow.__table__  # type: ignore[assignment]
 _TENANTS: Table = TenantRow.__table__  # type: ignore[assignment]
+_KEYS: Table = JobKeyRow.__table__  # type: ignore[assignment]
 
 
 def document_id_for(ingest_id: str, source: str) -> str:
+    """Derived from the ingest (time-first: in its month's partition; an ingest made before those: uuid5)."""
+    if timeids.is_time_first(ingest_id):
+        return timeids.derived(ingest_id, f"document:{source}")
     return str(uuid.uuid5(_NAMESPACE, f"document:{ingest_id}:{source}"))
 
 
 def page_id_for(document_id: str, page_no: int) -> str:
+    if timeids.is_time_first(document_id):
+        return timeids.derived(document_id, f"page:{page_no}")
     return str(uuid.uuid5(_NAMESPACE, f"page:{document_id}:{page_no}"))
 
 
@@ -81,7 +87,7 @@ def open_ingest(db: Database, *, key: str, name: str, lane: str, task: str, task
                         .order_by(IngestRow.created_at.desc()).limit(1)).one_or_none()
         if row is not None and row.tenant_id == owner.tenant_id:
             return row, True
-        row = IngestRow(id=str(uuid.uuid4()), ingest_key=key, name=name, lane=lane, task=task,
+        row = IngestRow(id=timeids.mint(), ingest_key=key, name=name, lane=lane, task=task,
                         task_options=task_options, documents_total=0, pages_total=0, pages_succeeded=0,
                         pages_failed=0, skipped=0, created_at=utcnow(), tenant_id=owner.tenant_id,
                         api_key_id=owner.api_key_id, callback_url=owner.callback_url, weight=weight)
@@ -168,7 +174,8 @@ class Registered:
 
 def register(db: Database, ingest_id: str, *, jobs: list[dict[str, Any]], documents: list[NewDocument],
              pages: list[NewPage], reserved: int = 0) -> Registered:
-    """Insert a chunk's jobs, documents and pages (what exists is kept) and count what is already final.
+    """Insert a chunk's jobs, documents and pages (what exists is kept) and count what is already final. A page whose
+    job's key was registered before gets that job's id (``page.job_id`` is replaced in place).
 
     ``reserved``: pages reserved for this chunk from the ingest's tenant's budget; what is not a new page still in
     flight once registered (final already, or registered before) is given back in the same transaction."""
@@ -177,8 +184,7 @@ def register(db: Database, ingest_id: str, *, jobs: list[dict[str, Any]], docume
     now = utcnow()
     with db.session() as s:
         if jobs:
-            stmt = _insert(dialect, _JOBS).on_conflict_do_nothing(index_elements=["job_key"])
-            out.new_jobs = set(s.scalars(stmt.returning(_JOBS.c.id), jobs))
+            out.new_jobs = _insert_jobs(s, dialect, jobs, pages)
         if documents:
             rows = [dict(vars(d), ingest_id=ingest_id, created_at=now) for d in documents]
             stmt = _insert(dialect, _DOCUMENTS).on_conflict_do_nothing(index_elements=["id"])
@@ -207,6 +213,25 @@ def register(db: Database, ingest_id: str, *, jobs: list[dict[str, Any]], docume
             s.execute(update(_TENANTS).where(_TENANTS.c.id == tenant)
                       .values(pages_in_flight=_TENANTS.c.pages_in_flight - (reserved - live)))
     return out
+
+
+def _insert_jobs(s: Session, dialect: str, jobs: list[dict[str, Any]], pages: list[NewPage]) -> set[str]:
+    """Insert the jobs whose key is new and return their ids; a page whose job's key was registered before (under
+    another id) is pointed at that job. The keys are claimed in ``job_keys`` first: jobs are partitioned by id on
+    PostgreSQL, where no unique key can span partitions, and a key claimed twice, even at once, is one job."""
+    claims = [{"job_key": j["job_key"], "job_id": j["id"]} for j in jobs]
+    s.execute(_insert(dialect, _KEYS).on_conflict_do_nothing(index_elements=["job_key"]), claims)
+    keys = {j["job_key"] for j in jobs}
+    owner: dict[str, str] = {key: job_id for key, job_id in s.execute(
+        select(_KEYS.c.job_key, _KEYS.c.job_id).where(_KEYS.c.job_key.in_(keys)))}
+    moved = {j["id"]: owner[j["job_key"]] for j in jobs if owner[j["job_key"]] != j["id"]}
+    fresh = [j for j in jobs if j["id"] not in moved]
+    for page in pages:
+        page.job_id = moved.get(page.job_id, page.job_id)
+    if not fresh:
+        return set()
+    stmt = _insert(dialect, _JOBS).on_conflict_do_nothing(index_elements=["id"])
+    return set(s.scalars(stmt.returning(_JOBS.c.id), fresh))
 
 
 def _count_new(s: Session, ingest_id: str, documents: list[NewDocument], pages: list[NewPage], out: Registered,
@@ -334,7 +359,8 @@ def ingest_progress(db: Database, ingest_id: str, *,
 
     Raises IngestNotFound (also for another tenant's ingest, when ``tenant_id`` is given)."""
     with db.session() as s:
-        query = select(IngestRow, *_live(_PAGES.c.ingest_id == ingest_id)).where(IngestRow.id == ingest_id)
+        live = _live((_PAGES.c.ingest_id == ingest_id) & _derived_from(ingest_id))
+        query = select(IngestRow, *live).where(IngestRow.id == ingest_id)
         found = s.execute(_of_tenant(query, tenant_id)).one_or_none()
         if found is None:
             raise IngestNotFound(ingest_id)
@@ -355,14 +381,16 @@ def document_progress(db: Database, document_id: str, *,
 
     Raises DocumentNotFound (also for another tenant's document, when ``tenant_id`` is given)."""
     with db.session() as s:
-        query = select(DocumentRow, *_live(_PAGES.c.document_id == document_id)).where(DocumentRow.id == document_id)
+        live = _live((_PAGES.c.document_id == document_id) & _derived_from(document_id))
+        query = select(DocumentRow, *live).where(DocumentRow.id == document_id)
         if tenant_id is not None:
             query = _of_tenant(query.join(IngestRow, IngestRow.id == DocumentRow.ingest_id), tenant_id)
         found = s.execute(query).one_or_none()
         if found is None:
             raise DocumentNotFound(document_id)
         row, running, unpublished = found
-        failures = _failures(s, _PAGES.c.document_id == document_id) if row.pages_failed else []
+        failures = (_failures(s, (_PAGES.c.document_id == document_id) & _derived_from(document_id))
+                    if row.pages_failed else [])
     return row, Progress(row.pages_total, row.pages_succeeded, row.pages_failed, int(running or 0),
                          int(unpublished or 0)), failures
 
@@ -370,6 +398,13 @@ def document_progress(db: Database, document_id: str, *,
 def _of_tenant(query: Any, tenant_id: str | None) -> Any:
     """``query`` (which joins ingests) narrowed to one tenant's rows, when a tenant is given."""
     return query if tenant_id is None else query.where(IngestRow.tenant_id == tenant_id)
+
+
+def _derived_from(parent_id: str) -> Any:
+    """SQL: pages whose id is derived from ``parent_id`` (its ingest or document), which names their one partition on
+    PostgreSQL (``storage.history``); true for an id made before time-first ids."""
+    bounds = timeids.span(parent_id)
+    return true() if bounds is None else _PAGES.c.id.between(*bounds)
 
 
 def _live(where: Any) -> tuple[Any, Any]:
@@ -407,8 +442,11 @@ class PageView:
 
 def get_page(db: Database, page_id: str, *, tenant_id: str | None = None) -> PageView:
     """A page with its document and job. Raises PageNotFound (also for another tenant's page)."""
+    # The job's id from a subquery as well as from the join: PostgreSQL then reads the job's one partition whatever
+    # join it plans (storage.history).
+    job_id = select(PageRow.job_id).where(PageRow.id == page_id).scalar_subquery()
     query = (select(PageRow, DocumentRow, JobRow).join(DocumentRow, DocumentRow.id == PageRow.document_id)
-             .join(JobRow, JobRow.id == PageRow.job_id).where(PageRow.id == page_id))
+             .join(JobRow, JobRow.id == PageRow.job_id).where(PageRow.id == page_id, JobRow.id == job_id))
     if tenant_id is not None:
         query = _of_tenant(query.join(IngestRow, IngestRow.id == PageRow.ingest_id), tenant_id)
     with db.session() as s:
@@ -423,7 +461,7 @@ def document_pages(db: Database, document_id: str) -> list[tuple[PageRow, JobRow
     with db.session() as s:
         return [tuple(r) for r in s.execute(  # type: ignore[misc]
             select(PageRow, JobRow).join(JobRow, JobRow.id == PageRow.job_id)
-            .where(PageRow.document_id == document_id).order_by(PageRow.page_no))]
+            .where(PageRow.document_id == document_id, _derived_from(document_id)).order_by(PageRow.page_no))]
 
 
 def get_document(db: Database, document_id: str) -> DocumentRow:
