@@ -497,7 +497,8 @@ def review_pages(db: Database, ingest_id: str, *, tenant_id: str | None = None, 
         query = (select(p.id, p.document_id, d.source, p.page_no, j.id, j.review_flags, j.confidence, j.engine,
                         j.annotated_key)
                  .select_from(_JOBS.join(_PAGES, p.job_id == j.id).join(_DOCUMENTS, d.id == p.document_id))
-                 .where(j.needs_review, j.status == JobStatus.SUCCEEDED.value, p.ingest_id == ingest_id)
+                 .where(j.needs_review, j.status == JobStatus.SUCCEEDED.value, p.ingest_id == ingest_id,
+                        _derived_from(ingest_id))
                  .order_by(d.source, p.page_no).limit(limit))
         if after is not None:
             query = query.where((d.source > after[0]) | ((d.source == after[0]) & (p.page_no > after[1])))
@@ -519,7 +520,8 @@ def unpublished_work(db: Database, ingest_id: str) -> list[tuple[str, str, int]]
     with db.session() as s:
         rows = s.execute(select(j.id, j.lane, j.priority).distinct()
                          .select_from(_JOBS.join(_PAGES, _PAGES.c.job_id == j.id))
-                         .where(unpublished_jobs(_JOBS), _PAGES.c.ingest_id == ingest_id)).all()
+                         .where(unpublished_jobs(_JOBS), _PAGES.c.ingest_id == ingest_id,
+                                _derived_from(ingest_id))).all()
     return [(r[0], r[1], int(r[2])) for r in rows]
 
 
