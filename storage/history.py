@@ -108,7 +108,8 @@ class Report:
 def retain(db: Database, *, keep_days: int | None, ahead: int = 3, now: datetime | None = None) -> Report:
     """Create the months from the newest one to ``ahead`` months past now's; then, when ``keep_days`` is given, drop
     the months that ended more than that many days ago (legacy: when its newest row is that old), unless work in
-    them is not finished. Does nothing on SQLite. Raises StorageUnavailable when the database cannot be reached."""
+    them is not finished. Does nothing on SQLite. A database error stops the run where it is (SQLAlchemy's own
+    error); the next run carries on from there."""
     report = Report()
     if db.engine.dialect.name != "postgresql":
         return report
@@ -130,7 +131,8 @@ def _finish_interrupted(conn: Connection, report: Report) -> None:
     """A detach ``CONCURRENTLY`` cut short (the run was killed) leaves its partition pending: finish and drop it."""
     pending = conn.execute(text(
         "SELECT p.relname, c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
-        "JOIN pg_class p ON p.oid = i.inhparent WHERE i.inhdetachpending")).all()
+        "JOIN pg_class p ON p.oid = i.inhparent "
+        "WHERE i.inhdetachpending AND c.relnamespace = CAST(:schema AS regnamespace)"), {"schema": SCHEMA}).all()
     for parent, name in pending:
         conn.execute(text(f"ALTER TABLE {parent} DETACH PARTITION {SCHEMA}.{name} FINALIZE"))
         report.dropped.append((name, _drop_table(conn, name)))
@@ -151,6 +153,9 @@ def _split_ahead(conn: Connection, table: str, month: datetime) -> None:
     """Carve ``month`` out of the bottom of the ahead partition, in one short transaction: the ahead partition is
     detached, the month and a new ahead partition are made, and the rows the old one held are routed again."""
     lo, hi = timeids.floor(month), timeids.floor(add_months(month, 1))
+    # It locks the table a moment: rather give up (the next run makes it) than queue every reader behind a long
+    # transaction.
+    conn.execute(text("SET LOCAL lock_timeout = '5s'"))
     conn.execute(text(f"ALTER TABLE {table} DETACH PARTITION {SCHEMA}.{table}_{AHEAD}"))
     conn.execute(text(f"ALTER TABLE {SCHEMA}.{table}_{AHEAD} RENAME TO {table}_{AHEAD}_split"))
     _create(conn, table, suffix(month), lo, hi)

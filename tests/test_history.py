@@ -248,3 +248,37 @@ def test_the_retention_command_runs_it_and_sqlite_has_nothing_to_do(pg: Database
     lite = Database(f"sqlite:///{tmp_path / 'e.db'}")
     lite.upgrade()
     assert history.retain(lite, keep_days=1).lines() == []
+
+
+def test_a_detach_cut_short_is_finished_and_dropped_by_the_next_run(pg: Database) -> None:
+    month = history.add_months(history.month_start(utcnow()), 2)  # made by the migration, empty
+    name = f"pages_{history.suffix(month)}"
+    reader = pg.engine.connect()
+    reader.execute(sa.text("SELECT count(*) FROM pages"))  # an open transaction: the detach's second step waits
+    detacher = pg.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+    pid = detacher.scalar(sa.text("SELECT pg_backend_pid()"))
+    failed: list[BaseException] = []
+
+    def detach() -> None:
+        try:
+            detacher.execute(sa.text(f"ALTER TABLE pages DETACH PARTITION {history.SCHEMA}.{name} CONCURRENTLY"))
+        except sa.exc.DBAPIError as exc:
+            failed.append(exc)
+
+    worker = threading.Thread(target=detach)
+    worker.start()
+    with pg.engine.connect() as conn:
+        waiting = sa.text("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = :p")
+        while worker.is_alive() and not conn.scalar(waiting, {"p": pid}):
+            worker.join(0.05)
+        conn.execute(sa.text("SELECT pg_cancel_backend(:p)"), {"p": pid})  # the run is killed mid-detach
+    worker.join()
+    reader.close()
+    detacher.close()
+    assert failed, "the detach was not cut short"
+    with pg.engine.connect() as conn:
+        assert conn.scalar(sa.text("SELECT bool_or(inhdetachpending) FROM pg_inherits")) is True
+    ran = history.retain(pg, keep_days=None)
+    assert (name, 0) in ran.dropped
+    with pg.engine.connect() as conn:
+        assert conn.scalar(sa.text("SELECT to_regclass(:n)"), {"n": f"{history.SCHEMA}.{name}"}) is None
