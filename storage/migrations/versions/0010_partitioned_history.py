@@ -17,9 +17,11 @@ Create Date: 2026-12-04
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.schema import SchemaItem
 
 from paperlane.status import JobStatus, state_sql, unpublished_sql
 from paperlane.storage import history
@@ -38,7 +40,8 @@ _AHEAD = 3  # months made after this one; ``paperlane db retention`` makes the l
 def _indexes(partitioned: bool) -> dict[str, list[tuple[str, list[str], str | None]]]:
     """Each table's indexes as (name, columns, partial predicate), as they are after (``partitioned``) or before."""
     running, failed = state_sql("status", JobStatus.RUNNING), state_sql("status", JobStatus.FAILED)
-    pages = [("ix_pages_job", ["job_id"], None), ("ix_pages_ingest", ["ingest_id"], None)]
+    pages: list[tuple[str, list[str], str | None]] = [("ix_pages_job", ["job_id"], None),
+                                                      ("ix_pages_ingest", ["ingest_id"], None)]
     if partitioned:
         pages.append(("ix_pages_document_page", ["document_id", "page_no"], None))
     return {
@@ -74,11 +77,10 @@ def _rebuild(*, partitioned: bool) -> None:
     for table, pk in _PK.items():
         _move_aside(bind, table, pg)
         columns = sa.Table(f"{table}_before", sa.MetaData(), autoload_with=bind).columns
-        new = [sa.Column(c.name, c.type, nullable=c.nullable, primary_key=c.name == pk,
-                         server_default=sa.text(c.server_default.arg.text) if c.server_default is not None else None)
+        new = [sa.Column(c.name, c.type, nullable=c.nullable, primary_key=c.name == pk, server_default=_default(c))
                for c in columns]
-        op.create_table(table, *new, *_constraints(table, partitioned),
-                        **({"postgresql_partition_by": f"RANGE ({pk})"} if pg and partitioned else {}))
+        by: dict[str, Any] = {"postgresql_partition_by": f"RANGE ({pk})"} if pg and partitioned else {}
+        op.create_table(table, *new, *_constraints(table, partitioned), **by)
         if pg and partitioned:
             history.create_layout(bind, table, history.month_start(bind.scalar(sa.text("SELECT now()"))), _AHEAD + 1)
         names = ", ".join(c.name for c in columns)
@@ -87,7 +89,8 @@ def _rebuild(*, partitioned: bool) -> None:
         op.drop_table(f"{table}_before")
     for table, indexes in _indexes(partitioned).items():
         for name, cols, where in indexes:
-            predicate = {} if where is None else {"postgresql_where": sa.text(where), "sqlite_where": sa.text(where)}
+            predicate: dict[str, Any] = ({} if where is None else
+                                         {"postgresql_where": sa.text(where), "sqlite_where": sa.text(where)})
             op.create_index(name, table, cols, **predicate)
     if pg and not partitioned:
         op.execute(f"DROP SCHEMA IF EXISTS {history.SCHEMA}")
@@ -102,9 +105,15 @@ def _move_aside(bind: sa.Connection, table: str, pg: bool) -> None:
         op.execute(f"ALTER TABLE {table}_before RENAME CONSTRAINT {pk} TO {table}_before_pkey")
 
 
-def _constraints(table: str, partitioned: bool) -> list[sa.SchemaItem]:
+def _default(column: sa.Column[Any]) -> sa.TextClause | None:
+    """A reflected column's server default, to give the column made again."""
+    arg = getattr(column.server_default, "arg", None)
+    return None if arg is None else sa.text(str(getattr(arg, "text", arg)))
+
+
+def _constraints(table: str, partitioned: bool) -> list[SchemaItem]:
     if table == "pages":
-        keys: list[sa.SchemaItem] = [sa.ForeignKeyConstraint(["document_id"], ["documents.id"])]
+        keys: list[SchemaItem] = [sa.ForeignKeyConstraint(["document_id"], ["documents.id"])]
         if not partitioned:
             keys += [sa.ForeignKeyConstraint(["job_id"], ["jobs.id"]),
                      sa.UniqueConstraint("document_id", "page_no", name="uq_pages_document_page")]
