@@ -282,3 +282,18 @@ def test_a_detach_cut_short_is_finished_and_dropped_by_the_next_run(pg: Database
     assert (name, 0) in ran.dropped
     with pg.engine.connect() as conn:
         assert conn.scalar(sa.text("SELECT to_regclass(:n)"), {"n": f"{history.SCHEMA}.{name}"}) is None
+
+
+def test_time_first_ids_sort_by_time_and_derive_the_same_id_in_their_parents_span() -> None:
+    now = utcnow()
+    earlier, later = timeids.mint(now - timedelta(milliseconds=1)), timeids.mint(now)
+    assert earlier < later and timeids.floor(now) <= later < timeids.floor(now + timedelta(milliseconds=1))
+    assert timeids.time_of(later) == now.replace(microsecond=now.microsecond // 1000 * 1000)
+    document = timeids.derived(later, "document:a.pdf")
+    assert document == timeids.derived(later, "document:a.pdf") != timeids.derived(later, "document:b.pdf")
+    low, high = timeids.span(later)  # type: ignore[misc]
+    assert low <= document <= high and timeids.time_of(document) == timeids.time_of(later)
+    legacy = str(uuid.uuid5(uuid.NAMESPACE_URL, "made before"))
+    assert legacy < timeids.floor(now) and timeids.span(legacy) is None and timeids.time_of(legacy) is None
+    assert ingests.page_id_for(legacy, 1) == ingests.page_id_for(legacy, 1) and not timeids.is_time_first(
+        ingests.page_id_for(legacy, 1))  # an ingest made before keeps deriving its ids the old way
