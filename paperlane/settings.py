@@ -59,6 +59,11 @@ class DatabaseSettings(BaseModel):
     url: str | None = Field(None, description="SQLAlchemy URL; default: SQLite under data_dir")
     pool_size: int = 5
     echo: bool = False
+    retention_days: int | None = Field(
+        None, ge=1, description="PostgreSQL: `paperlane db retention` drops months of jobs, pages and results that "
+        "ended this many days ago (never one with work not finished); none: keep them all")
+    partitions_ahead: int = Field(3, ge=1, description="PostgreSQL: months of partitions `paperlane db retention` "
+                                  "keeps made ahead of this one")
 
 
 class StorageBackend(str, Enum):

@@ -42,7 +42,7 @@ from paperlane.producer.input_items import Document, Skipped
 from paperlane.schemas import Stage, TaskSpec, check_weight
 from paperlane.settings import IngestSettings
 from paperlane.status import JobStatus, PageState
-from paperlane.storage import ingests, tenants
+from paperlane.storage import ingests, tenants, timeids
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database, utcnow
 from paperlane.storage.ingests import NewDocument, NewPage
@@ -53,7 +53,6 @@ if TYPE_CHECKING:  # imports Celery: `paperlane run` publishes nothing and need 
 
 log = logging.getLogger(__name__)
 
-_JOB_NAMESPACE = uuid.UUID("6a0b3c8e-3f0e-4f43-9d55-70617065726c")
 PACK_BELOW = 1 << 20  # originals smaller than this share a pack object
 PACK_BYTES = 8 << 20  # a pack is uploaded when it holds this much
 CHUNK_PAGES = 500  # pages registered per transaction
@@ -116,7 +115,8 @@ def job_key(content_sha256: str, page_no: int, spec: TaskSpec, tenant_id: str | 
 
 
 def job_id_for(key: str) -> str:
-    return str(uuid.uuid5(_JOB_NAMESPACE, key))
+    """A new job's id: time-first (its month's partition); registration keeps the id of a key seen before."""
+    return timeids.mint(name=key)
 
 
 @dataclass

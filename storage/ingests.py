@@ -28,14 +28,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Table, case, func, select, update
+from sqlalchemy import Table, case, func, select, true, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from paperlane.status import JobStatus, OutputsState
-from paperlane.storage import usage, webhooks
+from paperlane.storage import timeids, usage, webhooks
 from paperlane.storage.db import Database, as_utc, utcnow
-from paperlane.storage.tables import DocumentRow, IngestFailureRow, IngestRow, JobRow, PageRow, TenantRow
+from paperlane.storage.tables import DocumentRow, IngestFailureRow, IngestRow, JobKeyRow, JobRow, PageRow, TenantRow
 from paperlane.storage.tables import unpublished as unpublished_jobs
 
 _NAMESPACE = uuid.UUID("6a0b3c8e-3f0e-4f43-9d55-70617065726c")
@@ -45,13 +45,19 @@ _PAGES: Table = PageRow.__table__
 _JOBS: Table = JobRow.__table__
 _FAILURES: Table = IngestFailureRow.__table__
 _TENANTS: Table = TenantRow.__table__
+_KEYS: Table = JobKeyRow.__table__
 
 
 def document_id_for(ingest_id: str, source: str) -> str:
+    """Derived from the ingest (time-first: in its month's partition; an ingest made before those: uuid5)."""
+    if timeids.is_time_first(ingest_id):
+        return timeids.derived(ingest_id, f"document:{source}")
     return str(uuid.uuid5(_NAMESPACE, f"document:{ingest_id}:{source}"))
 
 
 def page_id_for(document_id: str, page_no: int) -> str:
+    if timeids.is_time_first(document_id):
+        return timeids.derived(document_id, f"page:{page_no}")
     return str(uuid.uuid5(_NAMESPACE, f"page:{document_id}:{page_no}"))
 
 
@@ -81,7 +87,7 @@ def open_ingest(db: Database, *, key: str, name: str, lane: str, task: str, task
                         .order_by(IngestRow.created_at.desc()).limit(1)).one_or_none()
         if row is not None and row.tenant_id == owner.tenant_id:
             return row, True
-        row = IngestRow(id=str(uuid.uuid4()), ingest_key=key, name=name, lane=lane, task=task,
+        row = IngestRow(id=timeids.mint(), ingest_key=key, name=name, lane=lane, task=task,
                         task_options=task_options, documents_total=0, pages_total=0, pages_succeeded=0,
                         pages_failed=0, skipped=0, created_at=utcnow(), tenant_id=owner.tenant_id,
                         api_key_id=owner.api_key_id, callback_url=owner.callback_url, weight=weight)
@@ -168,7 +174,8 @@ class Registered:
 
 def register(db: Database, ingest_id: str, *, jobs: list[dict[str, Any]], documents: list[NewDocument],
              pages: list[NewPage], reserved: int = 0) -> Registered:
-    """Insert a chunk's jobs, documents and pages (what exists is kept) and count what is already final.
+    """Insert a chunk's jobs, documents and pages (what exists is kept) and count what is already final. A page whose
+    job's key was registered before gets that job's id (``page.job_id`` is replaced in place).
 
     ``reserved``: pages reserved for this chunk from the ingest's tenant's budget; what is not a new page still in
     flight once registered (final already, or registered before) is given back in the same transaction."""
@@ -177,8 +184,7 @@ def register(db: Database, ingest_id: str, *, jobs: list[dict[str, Any]], docume
     now = utcnow()
     with db.session() as s:
         if jobs:
-            stmt = _insert(dialect, _JOBS).on_conflict_do_nothing(index_elements=["job_key"])
-            out.new_jobs = set(s.scalars(stmt.returning(_JOBS.c.id), jobs))
+            out.new_jobs = _insert_jobs(s, dialect, jobs, pages)
         if documents:
             rows = [dict(vars(d), ingest_id=ingest_id, created_at=now) for d in documents]
             stmt = _insert(dialect, _DOCUMENTS).on_conflict_do_nothing(index_elements=["id"])
@@ -207,6 +213,25 @@ def register(db: Database, ingest_id: str, *, jobs: list[dict[str, Any]], docume
             s.execute(update(_TENANTS).where(_TENANTS.c.id == tenant)
                       .values(pages_in_flight=_TENANTS.c.pages_in_flight - (reserved - live)))
     return out
+
+
+def _insert_jobs(s: Session, dialect: str, jobs: list[dict[str, Any]], pages: list[NewPage]) -> set[str]:
+    """Insert the jobs whose key is new and return their ids; a page whose job's key was registered before (under
+    another id) is pointed at that job. The keys are claimed in ``job_keys`` first: jobs are partitioned by id on
+    PostgreSQL, where no unique key can span partitions, and a key claimed twice, even at once, is one job."""
+    claims = [{"job_key": j["job_key"], "job_id": j["id"]} for j in jobs]
+    s.execute(_insert(dialect, _KEYS).on_conflict_do_nothing(index_elements=["job_key"]), claims)
+    keys = {j["job_key"] for j in jobs}
+    owner: dict[str, str] = {key: job_id for key, job_id in s.execute(
+        select(_KEYS.c.job_key, _KEYS.c.job_id).where(_KEYS.c.job_key.in_(keys)))}
+    moved = {j["id"]: owner[j["job_key"]] for j in jobs if owner[j["job_key"]] != j["id"]}
+    fresh = [j for j in jobs if j["id"] not in moved]
+    for page in pages:
+        page.job_id = moved.get(page.job_id, page.job_id)
+    if not fresh:
+        return set()
+    stmt = _insert(dialect, _JOBS).on_conflict_do_nothing(index_elements=["id"])
+    return set(s.scalars(stmt.returning(_JOBS.c.id), fresh))
 
 
 def _count_new(s: Session, ingest_id: str, documents: list[NewDocument], pages: list[NewPage], out: Registered,
@@ -337,7 +362,8 @@ def unpublished_work(db: Database, ingest_id: str) -> list[tuple[str, str, int]]
     with db.session() as s:
         rows = s.execute(select(j.id, j.lane, j.priority).distinct()
                          .select_from(_JOBS.join(_PAGES, _PAGES.c.job_id == j.id))
-                         .where(unpublished_jobs(_JOBS), _PAGES.c.ingest_id == ingest_id)).all()
+                         .where(unpublished_jobs(_JOBS), _PAGES.c.ingest_id == ingest_id,
+                                derived_from(ingest_id))).all()
     return [(r[0], r[1], int(r[2])) for r in rows]
 
 
@@ -374,3 +400,10 @@ def registered_sources(db: Database, ingest_id: str) -> set[str]:
     """Sources of the documents an interrupted ingest registered before it stopped."""
     with db.session() as s:
         return set(s.scalars(select(DocumentRow.source).where(DocumentRow.ingest_id == ingest_id)))
+
+
+def derived_from(parent_id: str) -> Any:
+    """SQL: pages whose id is derived from ``parent_id`` (its ingest or document), which names their one partition on
+    PostgreSQL (``storage.history``); true for an id made before time-first ids."""
+    bounds = timeids.span(parent_id)
+    return true() if bounds is None else _PAGES.c.id.between(*bounds)

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from paperlane.errors import DocumentNotFound, IngestNotFound, PageNotFound
 from paperlane.status import JobStatus, Progress
 from paperlane.storage.db import Database, as_utc, get_row
+from paperlane.storage.ingests import derived_from
 from paperlane.storage.tables import DocumentRow, IngestFailureRow, IngestRow, JobRow, PageRow
 from paperlane.storage.tables import unpublished as unpublished_jobs
 
@@ -28,7 +29,8 @@ def ingest_progress(db: Database, ingest_id: str, *,
 
     Raises IngestNotFound (also for another tenant's ingest, when ``tenant_id`` is given)."""
     with db.session() as s:
-        query = select(IngestRow, *_live(_PAGES.c.ingest_id == ingest_id)).where(IngestRow.id == ingest_id)
+        live = _live((_PAGES.c.ingest_id == ingest_id) & derived_from(ingest_id))
+        query = select(IngestRow, *live).where(IngestRow.id == ingest_id)
         found = s.execute(_of_tenant(query, tenant_id)).one_or_none()
         if found is None:
             raise IngestNotFound(ingest_id)
@@ -49,14 +51,16 @@ def document_progress(db: Database, document_id: str, *,
 
     Raises DocumentNotFound (also for another tenant's document, when ``tenant_id`` is given)."""
     with db.session() as s:
-        query = select(DocumentRow, *_live(_PAGES.c.document_id == document_id)).where(DocumentRow.id == document_id)
+        live = _live((_PAGES.c.document_id == document_id) & derived_from(document_id))
+        query = select(DocumentRow, *live).where(DocumentRow.id == document_id)
         if tenant_id is not None:
             query = _of_tenant(query.join(IngestRow, IngestRow.id == DocumentRow.ingest_id), tenant_id)
         found = s.execute(query).one_or_none()
         if found is None:
             raise DocumentNotFound(document_id)
         row, running, unpublished = found
-        failures = _failures(s, _PAGES.c.document_id == document_id) if row.pages_failed else []
+        failures = (_failures(s, (_PAGES.c.document_id == document_id) & derived_from(document_id))
+                    if row.pages_failed else [])
     return row, Progress(row.pages_total, row.pages_succeeded, row.pages_failed, int(running or 0),
                          int(unpublished or 0)), failures
 
@@ -101,8 +105,11 @@ class PageView:
 
 def get_page(db: Database, page_id: str, *, tenant_id: str | None = None) -> PageView:
     """A page with its document and job. Raises PageNotFound (also for another tenant's page)."""
+    # The job's id from a subquery as well as from the join: PostgreSQL then reads the job's one partition whatever
+    # join it plans (storage.history).
+    job_id = select(PageRow.job_id).where(PageRow.id == page_id).scalar_subquery()
     query = (select(PageRow, DocumentRow, JobRow).join(DocumentRow, DocumentRow.id == PageRow.document_id)
-             .join(JobRow, JobRow.id == PageRow.job_id).where(PageRow.id == page_id))
+             .join(JobRow, JobRow.id == PageRow.job_id).where(PageRow.id == page_id, JobRow.id == job_id))
     if tenant_id is not None:
         query = _of_tenant(query.join(IngestRow, IngestRow.id == PageRow.ingest_id), tenant_id)
     with db.session() as s:
@@ -117,7 +124,7 @@ def document_pages(db: Database, document_id: str) -> list[tuple[PageRow, JobRow
     with db.session() as s:
         return [tuple(r) for r in s.execute(
             select(PageRow, JobRow).join(JobRow, JobRow.id == PageRow.job_id)
-            .where(PageRow.document_id == document_id).order_by(PageRow.page_no))]
+            .where(PageRow.document_id == document_id, derived_from(document_id)).order_by(PageRow.page_no))]
 
 
 def get_document(db: Database, document_id: str) -> DocumentRow:
@@ -153,7 +160,7 @@ def review_pages(db: Database, ingest_id: str, *, tenant_id: str | None = None, 
         query = (select(p.id, p.document_id, d.source, p.page_no, j.id, j.review_flags, j.confidence, j.engine,
                         j.annotated_key)
                  .select_from(_JOBS.join(_PAGES, p.job_id == j.id).join(_DOCUMENTS, d.id == p.document_id))
-                 .where(j.needs_review, j.status == JobStatus.SUCCEEDED, p.ingest_id == ingest_id)
+                 .where(j.needs_review, j.status == JobStatus.SUCCEEDED, p.ingest_id == ingest_id, derived_from(ingest_id))
                  .order_by(d.source, p.page_no).limit(limit))
         if after is not None:
             query = query.where((d.source > after[0]) | ((d.source == after[0]) & (p.page_no > after[1])))

@@ -6,9 +6,13 @@
     jobs        the content-addressed work item: same original + page + task = one inference, shared
                 by every page with those bytes; its status, attempts, readable error, result, and one
                 column per pipeline stage with its seconds ("where does the time go" is a SQL avg())
+    job_keys    job key -> job id: what keeps one job per key (jobs has no unique key but its id on PostgreSQL)
     results     the index of succeeded jobs
     usage       per tenant and day: pages by outcome, engine tokens and seconds (written with each page's
                 final state, ``storage.usage``); the view ``tenant_usage`` names the tenants
+
+On PostgreSQL, jobs, pages and results are partitioned by month through their time-first ids
+(``storage.timeids``, ``storage.history``); SQLite keeps one table each.
 
 Counts on ingests and documents (pages_total/succeeded/failed) are kept by the writes that change
 a job's state, in the same transaction, so status at any level is one row read whatever the size;
@@ -35,7 +39,6 @@ from sqlalchemy import (
     String,
     Table,
     Text,
-    UniqueConstraint,
     and_,
     false,
     func,
@@ -55,7 +58,6 @@ class Base(DeclarativeBase):
 class JobRow(Base):
     __tablename__ = "jobs"
     __table_args__ = (
-        UniqueConstraint("job_key", name="uq_jobs_job_key"),
         Index("ix_jobs_status_lane", "status", "lane"),
         Index("ix_jobs_content_sha256", "content_sha256"),
         # Partial: the few jobs in progress, and those whose message never reached the broker.
@@ -204,7 +206,8 @@ class DocumentRow(Base):
 class PageRow(Base):
     __tablename__ = "pages"
     __table_args__ = (
-        UniqueConstraint("document_id", "page_no", name="uq_pages_document_page"),
+        # Not unique: a unique key on PostgreSQL's partitioned pages must hold the id, which is derived from these two.
+        Index("ix_pages_document_page", "document_id", "page_no"),
         Index("ix_pages_job", "job_id"),
         Index("ix_pages_ingest", "ingest_id"),
     )
@@ -213,8 +216,20 @@ class PageRow(Base):
     document_id: Mapped[str] = mapped_column(String(36), ForeignKey("documents.id"))
     ingest_id: Mapped[str] = mapped_column(String(36))  # the document's, kept here to count without a join
     page_no: Mapped[int] = mapped_column(Integer)
-    job_id: Mapped[str] = mapped_column(String(36), ForeignKey("jobs.id"))
+    # No foreign key: jobs are shared across months and dropped by ``storage.history``, which keeps a month's jobs
+    # while newer pages still use them.
+    job_id: Mapped[str] = mapped_column(String(36))
     created_at: Mapped[datetime] = mapped_column(_TS, server_default=func.now())
+
+
+class JobKeyRow(Base):
+    """Which job a job key belongs to: the one key unique across the partitions of PostgreSQL's jobs (registration
+    claims a key here before it inserts the job; ``storage.history`` forgets the keys of the jobs it drops)."""
+
+    __tablename__ = "job_keys"
+
+    job_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    job_id: Mapped[str] = mapped_column(String(36), index=True)
 
 
 class IngestFailureRow(Base):

@@ -6,7 +6,8 @@
 - ``status``, ``review``, ``report`` (``show``): what there is to see;
 - ``keys create|list|revoke|rotate-secret|grant|ungrant|grants`` (``api_keys``): tenants' keys and grants;
 - ``tenants set|list``, ``usage`` (``accounts``): tenants' weights, budgets and what they used;
-- ``db upgrade``, ``dead-letters`` (``maintenance``): the database's schema, messages workers set aside.
+- ``db upgrade|retention``, ``dead-letters`` (``maintenance``): the database's schema and history, messages
+  workers set aside.
 
 ``root`` holds the app, its global options and ``main``, the entry point.
 """

@@ -1,4 +1,4 @@
-"""Maintenance: ``paperlane db upgrade`` and ``paperlane dead-letters``."""
+"""Maintenance: ``paperlane db upgrade``, ``paperlane db retention`` and ``paperlane dead-letters``."""
 
 from __future__ import annotations
 
@@ -18,6 +18,21 @@ def db_upgrade() -> None:
     settings = command_settings()
     Database(settings.database_url).upgrade()
     err.print(f"database at newest schema: {settings.database_url.split('@')[-1]}")
+
+
+@db_app.command("retention")
+def db_retention(
+    keep_days: Annotated[int | None, typer.Option(help="default: database.retention_days")] = None,
+) -> None:
+    """PostgreSQL: make the partitions ahead; drop old months of history (storage.history). Run it daily."""
+    from paperlane.storage import history
+    from paperlane.storage.db import Database
+
+    settings = command_settings()
+    done = history.retain(Database(settings.database_url), keep_days=keep_days or settings.database.retention_days,
+                          ahead=settings.database.partitions_ahead)
+    for line in done.lines() or ["nothing to do"]:
+        out.print(line)
 
 
 @app.command("dead-letters")

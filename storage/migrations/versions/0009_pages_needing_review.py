@@ -35,6 +35,11 @@ def upgrade() -> None:
                     sqlite_where=sa.text("needs_review"))
     for table in ("documents", "ingests"):
         op.add_column(table, sa.Column("pages_review", sa.Integer, nullable=False, server_default="0"))
+    create_views()
+
+
+def create_views() -> None:
+    """The status views and the review queue as this migration leaves them (0010 builds them again)."""
     _STATUS_VIEWS._create_views(op.get_bind().dialect.name, review=True)
     op.execute("""
         CREATE VIEW review_queue AS
