@@ -122,7 +122,7 @@ def test_messages_lost_by_hand_are_published_again_at_a_cost_the_backlog_does_no
     producer = Producer(stack)
     ids = producer.submit(range(40), Lane.BATCH)
     published_long_ago(producer.db, ids)
-    client = redis.Redis.from_url(stack.settings.redis.url)
+    client = stack.broker()
     # Marked present while they wait by fair share; those moved onto the lane's buffer no longer.
     assert client.scard(keys.PRESENT) == len(ids) - stack.settings.fair_share.buffer
     keeper = LeaseKeeper(producer.db, DelayedPages(client), client, WorkerSettings(lost_check_pages=100),
