@@ -9,9 +9,11 @@ server's own gauges (vLLM's ``/metrics``, Prometheus text: ``vllm:num_requests_r
 - the server's queue over ``queue_target``: the window shrinks by this process's share of the excess (its
   requests over all the server's), so several processes sharing one server take the excess off together,
   once, instead of each taking all of it; no second cut while requests of the last one are still out;
-- the queue empty (the server has sequences free), this process held pages back (window-bound) and all its
-  requests are at the server (none on their way, which no bigger window would help): the window grows by a quarter, so a server needing 80 answers where the window started at 32 is full in a
-  few seconds;
+- the queue empty (the server has sequences free) and this process held pages back (window-bound): the
+  window grows by a quarter, so a server needing 80 answers where the window started at 32 is full in a few
+  seconds; by a twentieth only while some of this process's requests are not at the server (on their way, or
+  their answers still being read: a loaded client's lag, which a leap would turn into a long queue there once
+  it catches up);
 - the queue short but not empty, and window-bound: one more (additive increase: several processes creep
   up together and the cut above brings them back, without oscillating).
 
@@ -39,6 +41,7 @@ log = logging.getLogger(__name__)
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 _GROWTH = 0.25  # share the window grows by while the server has sequences free
+_CREEP = 0.05  # ... while some of this process's requests are not at the server
 _HISTORY = 3600  # window sizes kept (one per poll): an hour at the default interval
 
 
@@ -75,13 +78,13 @@ def next_window(window: int, *, load: ServerLoad, mine: int, bound: bool, target
             return window
         share = min(1.0, mine / max(1, load.running + load.waiting))
         return max(1, min(window, mine) - math.ceil((load.waiting - target) * share))
-    if not bound or window >= cap or load.running + load.waiting < mine:
-        # Not window-bound, at the cap, or some of this process's requests have not reached the server yet (its
-        # answers are read, or its next pages sent, more slowly than the server frees sequences: a bigger window
-        # would not be what fills them).
+    if not bound or window >= cap:
         return min(window, cap)
     if load.waiting == 0:
-        return min(cap, window + max(1, math.ceil(window * _GROWTH)))
+        # Some of this process's requests not at the server (on their way there, or their answers still being
+        # read): the server's free sequences are partly that lag, so the window creeps instead of leaping.
+        growth = _GROWTH if load.running + load.waiting >= mine else _CREEP
+        return min(cap, window + max(1, math.ceil(window * growth)))
     if load.waiting < target:
         return min(cap, window + 1)
     return window
