@@ -287,7 +287,7 @@ _WINDOW_LINE = re.compile(r"vllm window \d+ -> (\d+) ")
 
 
 def _window_sizes(log: str) -> list[int]:
-    """The window after each change, from the log's ``vllm window A -> B`` lines (models/window.py)."""
+    """The window after each change (none: it stayed at its start), from the log's ``vllm window A -> B`` lines (models/window.py)."""
     return [int(m.group(1)) for m in _WINDOW_LINE.finditer(log)]
 
 
@@ -295,7 +295,7 @@ def print_window(name: str, sizes: list[int], *, start: int = 32) -> None:
     sizes = sizes or [start]
     picks = [sizes[round(i * (len(sizes) - 1) / 7)] for i in range(8)] if len(sizes) > 8 else sizes
     print(f"window ({name}): min {min(sizes)}, median {statistics.median(sizes):g}, max {max(sizes)}, last "
-          f"{sizes[-1]} over {len(sizes)} readings; samples {' '.join(map(str, picks))}")
+          f"{sizes[-1]} over {len(sizes)} values; samples {' '.join(map(str, picks))}")
 
 
 def compare_windows(shape: str, seconds: float) -> int:
