@@ -29,6 +29,16 @@ process tree from its launch to its exit, from the first byte read: start-up, re
 every input, storing originals, and the document outputs included (``cpu_ms_per_page`` divides it by the
 pages).
 
+The window (the requests paperlane keeps at the server, models/window.py: it follows the server's /metrics)
+is printed over time from the run's log: min, median, max and a few samples.
+
+--window-compare: the window alone, side by side in one run: two servers of --shape (``wide-slow`` unless
+given: 80 sequences of slow streams, a server that needs ~80 answers at once), each fed by the production
+client with more pages than it can take (--seconds of them), one with today's fixed window of 32
+(``engine.window.adaptive=false``, ``max_in_flight=32``), one with the adaptive window at the defaults.
+Pages are 100 dpi scans, prepared once before the clock (no worker, no services): what differs is the window.
+Prints each one's decode capacity used, from its first request to the end, and the window over time.
+
 Last line: ``engine_utilisation=`` (``embedded_engine_utilisation=``): the decode capacity used (target >= 0.9);
 with ``--fixed``, ``<system pages/s / engine pages/s>`` as before.
 """
@@ -38,17 +48,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import statistics
+import threading
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from common import (
     ENGINE_SHAPE,
-    MAX_IN_FLIGHT,
     PAPERLANE,
     a4_scan,
     finished_jobs,
@@ -64,18 +76,22 @@ from common import (
 )
 from sqlalchemy import select
 
+from paperlane.models.engine import EngineRequest
+from paperlane.models.profiles import get_profile
+from paperlane.models.vllm_server import VllmServerEngine
 from paperlane.priority.broker import PagePublisher, make_celery
 from paperlane.priority.lanes import Lane
 from paperlane.producer.input_items import Document
 from paperlane.producer.submit import submit_documents
 from paperlane.report import stage_report
 from paperlane.schemas import TaskSpec
-from paperlane.settings import load_settings
+from paperlane.settings import EngineSettings, WindowSettings, load_settings
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
 from paperlane.storage.objects import open_store
 from paperlane.storage.tables import JobRow
 from paperlane.workers.cpus import process_cpu_seconds
+from tests.pages import prepare
 from tests.sim_engine import SimEngine, start_sim_engine
 from tests.sim_shape import SHAPES
 
@@ -124,7 +140,12 @@ def main() -> int:
                    help="a paperlane setting as in the environment without the prefix, e.g. ENGINE__MAX_IN_FLIGHT=32")
     p.add_argument("--embedded", action="store_true", help="measure `paperlane run` instead of a worker")
     p.add_argument("--log", help="keep the worker's (or the run's) log here")
+    p.add_argument("--window-compare", action="store_true", help="the fixed window of 32 beside the adaptive one, "
+                   "against two servers of --shape (default wide-slow) fed at once")
+    p.add_argument("--seconds", type=float, default=40, help="--window-compare: how long both are fed")
     args = p.parse_args()
+    if args.window_compare:
+        return compare_windows(args.shape if args.shape != ENGINE_SHAPE else "wide-slow", args.seconds)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         if args.fixed:  # every page alike: distinct bytes are enough
@@ -136,14 +157,15 @@ def main() -> int:
             pages = iter(list(stamped_scans(args.pages)))  # drawn before any clock starts
             sim = start_sim_engine(root / "sim", shape=args.shape, scheduling_policy="priority",
                                    max_model_len=MAX_MODEL_LEN)
-            args.set = [f"ENGINE__MAX_IN_FLIGHT={MAX_IN_FLIGHT}", *args.set]
         try:
             window = run_embedded(args, root, pages, sim) if args.embedded else run_worker(args, root, pages, sim)
         finally:
             sim.stop()
-            if args.log and (root / "paperlane.log").exists():
-                Path(args.log).write_bytes((root / "paperlane.log").read_bytes())
+            log = (root / "paperlane.log").read_text(errors="replace") if (root / "paperlane.log").exists() else ""
+            if args.log:
+                Path(args.log).write_text(log)
     report(window, sim, prefix="embedded_" if args.embedded else "")
+    print_window("paperlane", _window_sizes(log))
     return 0
 
 
@@ -257,6 +279,100 @@ def _print_timings(timings: list[dict[str, float]]) -> None:
     print("stage         p50 ms   p95 ms  share")
     for r in stage_report(timings):
         print(f"{r.stage:<12} {r.p50 * 1000:7.0f}  {r.p95 * 1000:7.0f}  {r.share:5.1%}")
+
+
+# --- the window ------------------------------------------------------------------------------------------------
+
+_WINDOW_LINE = re.compile(r"vllm window \d+ -> (\d+) ")
+
+
+def _window_sizes(log: str) -> list[int]:
+    """The window after each change (none: it stayed at its start), from the log's ``vllm window A -> B`` lines (models/window.py)."""
+    return [int(m.group(1)) for m in _WINDOW_LINE.finditer(log)]
+
+
+def print_window(name: str, sizes: list[int], *, start: int = 32) -> None:
+    sizes = sizes or [start]
+    picks = [sizes[round(i * (len(sizes) - 1) / 7)] for i in range(8)] if len(sizes) > 8 else sizes
+    print(f"window ({name}): min {min(sizes)}, median {statistics.median(sizes):g}, max {max(sizes)}, last "
+          f"{sizes[-1]} over {len(sizes)} values; samples {' '.join(map(str, picks))}")
+
+
+def compare_windows(shape: str, seconds: float) -> int:
+    """Today's fixed window of 32 beside the adaptive one, two servers of ``shape`` fed at once."""
+    images = [prepare(data, get_profile(EngineSettings().profile).input_spec())
+              for data in stamped_scans(120, dpi=100)]
+    fixed = EngineSettings(kind="vllm", url="http://unset/v1", max_in_flight=32,
+                           window=WindowSettings(adaptive=False))
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = {name: _Fed.start(Path(tmp) / name, shape, cfg, images, seconds)
+                for name, cfg in (("fixed 32", fixed), ("adaptive", EngineSettings(kind="vllm", url="http://unset/v1")))}
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            for run in runs.values():
+                run.sample()
+        for run in runs.values():
+            run.measure()
+        for run in runs.values():
+            run.stop()
+    for name, run in runs.items():
+        print(f"{name:9} decode capacity used {run.used:.3f} over {run.span:.1f}s from its first request, "
+              f"{run.steady:.3f} after the first 10 s; "
+              f"{run.completed} answers; server peak {run.peak_running} running, {run.peak_waiting} waiting, "
+              f"max {max(run.waiting, default=0)} waiting when sampled")
+        print_window(name, run.windows)
+    print(f"window_compare_fixed={runs['fixed 32'].used:.3f} window_compare_adaptive={runs['adaptive'].used:.3f}")
+    return 0
+
+
+@dataclass
+class _Fed:
+    """One server and the production client feeding it more pages than it can take."""
+
+    sim: SimEngine
+    engine: VllmServerEngine
+    feeder: threading.Thread
+    windows: list[int]
+    waiting: list[int]
+    decoded: list[tuple[float, float]] = field(default_factory=list)  # (time, tokens decoded) at each sample
+    used: float = 0.0
+    steady: float = 0.0
+    span: float = 0.0
+    completed: int = 0
+    peak_running: int = 0
+    peak_waiting: int = 0
+
+    @classmethod
+    def start(cls, root: Path, shape: str, cfg: EngineSettings, images: list[Any], seconds: float) -> _Fed:
+        sim = start_sim_engine(root, shape=shape, scheduling_policy="priority", max_model_len=MAX_MODEL_LEN)
+        engine = VllmServerEngine(cfg.model_copy(update={"url": sim.url}))
+        engine.start()
+        pages = round(SHAPES[shape].pages_per_s * seconds * 1.5)  # more than it can take in the time
+        requests = [EngineRequest(image=images[i % len(images)], priority=5) for i in range(pages)]
+        feeder = threading.Thread(target=engine.infer, args=(requests,), daemon=True)
+        feeder.start()
+        return cls(sim, engine, feeder, [engine.window], [])
+
+    def sample(self) -> None:
+        self.windows.append(self.engine.window)
+        e = self.sim.stats(per_image=False)
+        self.waiting.append(e["waiting"])
+        self.decoded.append((e["now"], e["decoded_tokens"]))
+
+    def measure(self) -> None:
+        e = self.sim.stats(per_image=False)
+        self.span = e["now"] - e["first_start"]
+        self.used, self.completed = e["capacity_used"], e["completed"]
+        self.peak_running, self.peak_waiting = e["peak_running"], e["peak_waiting"]
+        t0, d0 = next((t, d) for t, d in self.decoded if t >= e["first_start"] + 10) if self.span > 12 else (0, 0)
+        if t0:
+            self.steady = (e["decoded_tokens"] - d0) / (e["decode_tokens_per_s"] * (e["now"] - t0))
+
+    def stop(self) -> None:
+        self.sim.stop()  # the pages still out fail at once, so the client's call returns
+        self.feeder.join(timeout=120)
+        self.engine.close()
 
 
 if __name__ == "__main__":

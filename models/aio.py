@@ -42,45 +42,74 @@ class PriorityLimiter:
     holder (an interactive page) does not wait at all: it takes a place over the limit if none is free,
     and the places it borrowed are paid back before any waiter gets in (interactive pages are few: the
     worker's lane scheduler bounds them; the server's priority queue puts them first there too).
-    Used from one event loop only.
+    ``limit`` may be changed while holders and waiters are there (``set_limit``: the window controller
+    of models/window.py): a higher one lets waiters in at once, a lower one lets nobody in until the
+    holders are fewer than it. Used from one event loop only.
     """
 
     def __init__(self, limit: int) -> None:
-        self._free = limit
+        self._limit = limit
+        self.held = 0  # holders now, urgent ones included
+        self._waiting = 0  # waiters now (cancelled ones left in the heap are not counted)
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._seq = itertools.count()
+        self._blocked = False  # a waiter had to wait since ``take_blocked`` was last called
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @property
+    def waiting(self) -> int:
+        """Holders-to-be waiting for a place now."""
+        return self._waiting
+
+    def set_limit(self, limit: int) -> None:
+        """Let at most ``limit`` (at least 1) hold places from now on; waiters get in at once if it rose."""
+        self._limit = max(1, limit)
+        self._admit()
+
+    def take_blocked(self) -> bool:
+        """Whether any waiter had to wait (the limit held someone back) since the last call; resets it."""
+        blocked, self._blocked = self._blocked or self._waiting > 0, False
+        return blocked
 
     @contextlib.asynccontextmanager
     async def slot(self, priority: int, *, urgent: bool = False) -> AsyncIterator[None]:
         if urgent:
-            self._free -= 1  # at once, if need be over the limit (below 0: owed back)
+            self.held += 1  # at once, if need be over the limit (paid back before any waiter gets in)
         else:
             await self._acquire(priority)
         try:
             yield
         finally:
-            self._release()
+            self.held -= 1
+            self._admit()
 
     async def _acquire(self, priority: int) -> None:
-        if self._free > 0 and not self._waiters:
-            self._free -= 1
+        if self.held < self._limit and not self._waiting:
+            self.held += 1
             return
+        self._blocked = True
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiters, (priority, next(self._seq), fut))
+        self._waiting += 1
         try:
             await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():  # the place was handed over just as we were cancelled
-                self._release()
-            raise  # a cancelled waiter left in the heap is skipped by _release
+                self.held -= 1
+                self._admit()
+            else:
+                fut.cancel()  # skipped by _admit
+                self._waiting -= 1
+            raise
 
-    def _release(self) -> None:
-        if self._free < 0:  # a place an urgent holder borrowed: paid back, nobody gets in
-            self._free += 1
-            return
-        while self._waiters:
+    def _admit(self) -> None:
+        while self.held < self._limit and self._waiters:
             _, _, fut = heapq.heappop(self._waiters)
-            if not fut.done():
-                fut.set_result(None)  # the place passes straight to the most urgent waiter
-                return
-        self._free += 1
+            if fut.done():  # cancelled while waiting
+                continue
+            self._waiting -= 1
+            self.held += 1
+            fut.set_result(None)  # the place passes straight to the most urgent waiter

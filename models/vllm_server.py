@@ -1,8 +1,9 @@
 """HunyuanOCR (or another OCR VLM) served by a resident vLLM OpenAI-compatible server.
 
 The normal deployment: one ``vllm serve`` per GPU, shared by every worker process on the
-machine. A micro-batch's pages are all sent at once (bounded by ``max_in_flight`` for the whole
-process), so the server's continuous batching keeps the GPU full. Transport failures and 5xx/429
+machine. A micro-batch's pages are all sent at once (bounded by the window for the whole process: it follows
+the server's running and waiting requests, read from its ``/metrics``, within ``max_in_flight``: models/window.py),
+so the server's continuous batching keeps the GPU full. Transport failures and 5xx/429
 answers are ``EngineUnavailable`` (retryable); other 4xx answers are ``EngineError`` on that page.
 
 Each request carries its page's priority (vLLM's ``priority``, lower first; it takes effect with
@@ -35,9 +36,10 @@ import httpx
 
 from paperlane.errors import EngineError, EngineUnavailable, PaperlaneError, UsageError
 from paperlane.models.aio import LoopThread, PriorityLimiter
-from paperlane.models.engine import EngineRequest, Outcome
+from paperlane.models.engine import Capacity, EngineRequest, Outcome
 from paperlane.models.loop_guard import Delta, LoopGuard
 from paperlane.models.vlm import VlmEngineBase
+from paperlane.models.window import WindowController
 from paperlane.schemas import EngineInfo
 from paperlane.settings import EngineSettings
 
@@ -51,7 +53,7 @@ _IMAGE_SLOT_JSON = json.dumps(_IMAGE_SLOT).encode()
 # release (encode/httpcore#1035, pydantic/httpx2#1169): with 80 pages at the server that was ~8 ms of a
 # worker's CPU per page. Pages are spread over pools of at most this many connections instead.
 _POOL_CONNECTIONS = 16
-_URGENT_CONNECTIONS = 4  # per pool, for interactive pages over max_in_flight
+_URGENT_CONNECTIONS = 4  # per pool, for interactive pages over the window
 
 
 class VllmServerEngine(VlmEngineBase):
@@ -67,6 +69,8 @@ class VllmServerEngine(VlmEngineBase):
         self._pools: list[httpx.AsyncClient] = []
         self._pool_load: list[int] = []  # answers streaming through each pool now
         self._slots: PriorityLimiter | None = None
+        self._window: WindowController | None = None
+        self._metrics: httpx.AsyncClient | None = None
         self._max_model_len: int | None = None
         self._max_tokens = cfg.max_tokens
         self._sends_priority = True
@@ -77,6 +81,25 @@ class VllmServerEngine(VlmEngineBase):
     @property
     def info(self) -> EngineInfo:
         return EngineInfo(name="vllm", version=self._version, model=f"{self._model} ({self._profile.name})")
+
+    @property
+    def capacity(self) -> Capacity:
+        """Up to ``max_in_flight`` requests at the server: the window's cap, which worker slots are planned from."""
+        return Capacity.continuous(self._cfg.max_in_flight)
+
+    @property
+    def window(self) -> int:
+        """The requests this process may have at the server now (interactive pages go past it)."""
+        return self._slots.limit if self._slots is not None else self._first_window()
+
+    @property
+    def window_history(self) -> list[int]:
+        """The window after each reading of the server's /metrics, oldest first (empty when it is fixed)."""
+        return list(self._window.history) if self._window is not None else []
+
+    def _first_window(self) -> int:
+        cfg = self._cfg
+        return min(cfg.max_in_flight, cfg.window.start) if cfg.window.adaptive else cfg.max_in_flight
 
     @property
     def max_model_len(self) -> int | None:
@@ -112,7 +135,7 @@ class VllmServerEngine(VlmEngineBase):
         self._pools = [httpx.AsyncClient(headers=headers, timeout=timeout, limits=limits) for _ in range(pools)]
         self._pool_load = [0] * pools
         self._client = self._pools[0]
-        self._slots = PriorityLimiter(self._cfg.max_in_flight)
+        self._slots = PriorityLimiter(self._first_window())
         await self._wait_ready()
         served = await self._served_models()
         if self._model is None:
@@ -123,6 +146,12 @@ class VllmServerEngine(VlmEngineBase):
         if self._max_model_len is not None:
             self._max_tokens = min(self._cfg.max_tokens, self._max_model_len)
         self._version = await self._server_version()
+        if self._cfg.window.adaptive:
+            self._metrics = httpx.AsyncClient(headers=headers, limits=httpx.Limits(max_connections=1))
+            self._window = WindowController(self._cfg, self._slots, client=self._metrics,
+                                            metrics_url=f"{self._base.removesuffix('/v1')}/metrics",
+                                            in_flight=lambda: self.in_flight)
+            self._window.start()
         context = f"max_model_len {self._max_model_len}" if self._max_model_len else "max_model_len not advertised"
         log.info("vllm server %s ready: model %s (%s), profile %s, max_tokens %d (configured %d)", self._base,
                  self._model, context, self._profile.name, self._max_tokens, self._cfg.max_tokens)
@@ -169,9 +198,12 @@ class VllmServerEngine(VlmEngineBase):
         self._guard.close()
         if self._loop is None:
             return
-        for pool in self._pools:
+        if self._window is not None:
+            self._loop.run(self._window.stop())
+            self._window = None
+        for pool in [*self._pools, *([self._metrics] if self._metrics else [])]:
             self._loop.run(pool.aclose())
-        self._pools, self._client = [], None
+        self._pools, self._client, self._metrics = [], None, None
         self._loop.stop()
         self._loop = None
 

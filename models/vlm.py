@@ -29,7 +29,9 @@ class VlmEngineBase:
 
     @property
     def capacity(self) -> Capacity:
-        return Capacity.continuous(self._cfg.max_in_flight)
+        # A fixed window (engine.window.start, within engine.max_in_flight): only the vLLM server's client has a
+        # /metrics to follow (models/window.py) and plans its capacity from the cap instead.
+        return Capacity.continuous(min(self._cfg.max_in_flight, self._cfg.window.start))
 
     def _read(self, req: EngineRequest, raw: str, *, finish_reason: str | None, prompt_tokens: int,
               completion_tokens: int, seconds: float) -> Outcome:

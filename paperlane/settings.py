@@ -147,14 +147,29 @@ class LoopGuardSettings(BaseModel):
                            "they have, flagged")
 
 
+class WindowSettings(BaseModel):
+    """The requests a process keeps at a vLLM server, adjusted from the server's ``/metrics`` (models/window.py)."""
+
+    adaptive: bool = Field(True, description="follow the server's running and waiting requests (vLLM's /metrics); "
+                           "off: always engine.max_in_flight at the server, as before")
+    start: int = Field(32, ge=1, description="requests at the server before /metrics has said more (at most "
+                       "engine.max_in_flight); also the window kept when the server has no /metrics")
+    queue_target: int = Field(4, ge=0, description="requests waiting inside the server the processes sharing it keep "
+                              "it near: enough that a finished sequence is replaced at once, so few that an "
+                              "interactive page never sits behind a long queue there")
+    poll_interval: float = Field(1.0, gt=0, description="seconds between two reads of the server's /metrics")
+
+
 class EngineSettings(BaseModel):
     kind: EngineKind = EngineKind.RAPID
     url: str | None = Field(None, description="vllm: the server's OpenAI base URL, e.g. http://host:8000/v1")
     model: str | None = Field(None, description="served model name (vllm) or a local model folder")
     profile: str = "hunyuanocr-1.0"
     api_key: SecretStr | None = None
-    # Twice the documented --max-num-seqs: the server always has the next pages queued, by priority.
-    max_in_flight: int = 32
+    max_in_flight: int = Field(128, ge=1, description="most requests at the server per process: the cap of the "
+                               "window that follows the server (engine.window), and what worker slots are planned "
+                               "from")
+    window: WindowSettings = Field(default_factory=WindowSettings)
     request_timeout: float = 120.0
     startup_timeout: float = 600.0
     max_tokens: int = 4096

@@ -19,7 +19,8 @@ arrival) with ``--scheduling-policy priority``, by arrival with ``fcfs``; no pre
 disconnects aborts its request: its queue place or its slot is freed at once, also mid-stream, as vLLM
 aborts a request on disconnect.
 
-- ``GET /health``, ``GET /version``, ``GET /v1/models`` (with ``max_model_len``) and
+- ``GET /health``, ``GET /version``, ``GET /v1/models`` (with ``max_model_len``), ``GET /metrics`` (vLLM's
+  ``vllm:num_requests_running`` and ``vllm:num_requests_waiting`` gauges, Prometheus text) and
   ``POST /v1/chat/completions`` with vLLM's answers and its refusals: HTTP 400 for ``max_tokens``
   above ``max_model_len`` or a prompt that fills the context (vLLM 0.32's words), for a non-zero
   ``priority`` without priority scheduling (as releases before 0.32 did: 0.32 accepts and ignores
@@ -264,6 +265,8 @@ class SimServer:
                 return Response.json({"version": f"sim-{self._describe()}"})
             if method == "GET" and path == "/v1/models":
                 return Response.json(self._models())
+            if method == "GET" and path == "/metrics":
+                return Response(200, self._metrics(), "text/plain; version=0.0.4; charset=utf-8")
             if method == "GET" and path == "/sim/stats":
                 return Response.json(self.stats(per_image="per_image=0" not in query))
             return Response.json({"detail": "Not Found"}, 404)
@@ -281,6 +284,16 @@ class SimServer:
         return {"object": "list", "data": [{
             "id": model, "object": "model", "created": int(time.time()), "owned_by": "vllm", "root": model,
             "parent": None, "max_model_len": self.opts.max_model_len}]}
+
+    def _metrics(self) -> bytes:
+        """vLLM's two scheduler gauges in Prometheus text, as its ``/metrics`` words them (one engine)."""
+        labels = f'{{engine="0",model_name="{self.opts.model}"}}'
+        return "".join(
+            f"# HELP {name} {doc}\n# TYPE {name} gauge\n{name}{labels} {float(value)}\n"
+            for name, doc, value in (
+                ("vllm:num_requests_running", "Number of requests in model execution batches.", self.sched.running),
+                ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", self.sched.waiting))
+        ).encode()
 
     def stats(self, *, per_image: bool = True) -> dict[str, Any]:
         """Totals since start. ``requests`` counts every chat request, ``rejected`` the refused ones (4xx),

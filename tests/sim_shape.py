@@ -79,6 +79,15 @@ SHAPES: dict[str, EngineShape] = {
         EngineShape("quarter-h200-hunyuanocr", max_num_seqs=10, decode_tokens_per_s=3_000, stream_tokens_per_s=390,
                     prefill_s=0.02, prefill_tokens_per_s=30_000, median_tokens=500, spread=0.6, min_tokens=150,
                     max_tokens=2000, stream_interval=16, tick_s=0.02),
+        # A bigger server with a slower model: 80 sequences at 150 tokens/s each reach the same 12,000 tokens/s
+        # ceiling, so it needs ~80 answers streaming at once (a fixed window of 32 fills it to ~0.4).
+        EngineShape("wide-slow", max_num_seqs=80, decode_tokens_per_s=12_000, stream_tokens_per_s=150,
+                    prefill_s=0.02, prefill_tokens_per_s=30_000, median_tokens=500, spread=0.6, min_tokens=150,
+                    max_tokens=2000, stream_interval=16, tick_s=0.02),
+        # The same width with slower, shorter answers (~3 s each, ~26 pages/s), for tests of the window.
+        EngineShape("wide-slow-short", max_num_seqs=80, decode_tokens_per_s=4_000, stream_tokens_per_s=50,
+                    prefill_s=0.02, prefill_tokens_per_s=30_000, median_tokens=150, spread=0.3, min_tokens=80,
+                    max_tokens=300, stream_interval=16, tick_s=0.05),
         EngineShape("fast", max_num_seqs=8, decode_tokens_per_s=40_000, stream_tokens_per_s=5_000,
                     prefill_s=0.002, prefill_tokens_per_s=2_000_000, median_tokens=500, spread=0.6, min_tokens=150,
                     max_tokens=2000, stream_interval=16, tick_s=0.01),
