@@ -127,6 +127,9 @@ class BlockKind(str, Enum):
     HEADER = "header"  # a running head in the page's top margin
     FOOTER = "footer"  # a running foot or page number in the bottom margin
     TABLE = "table"
+    CAPTION = "caption"  # a figure's or a table's, beside it (found by a layout model)
+    PAGE_NUMBER = "page-number"  # a running foot that is only a number
+    OTHER = "other"  # text in a figure or a formula (found by a layout model)
 
 
 class Block(BaseModel):
