@@ -167,6 +167,7 @@ class QualityFlag(str, Enum):
     TRUNCATED = "truncated"  # the answer hit the token limit
     EMPTY = "empty"  # nothing was read
     LOW_CONFIDENCE = "low_confidence"  # confidence under engine.min_confidence
+    VERTICAL_TEXT = "vertical_text"  # most lines run top to bottom (vertical CJK): their reading order is not handled
 
 
 class Quality(BaseModel):

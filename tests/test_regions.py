@@ -203,3 +203,21 @@ def test_margins_omit_leaves_heads_and_numbers_out_of_text_but_keeps_their_lines
     assert kept.text.splitlines() == ["Chapter", "X0", "X1", "X2", "X3", "17"]
     assert omitted.text.splitlines() == ["X0", "X1", "X2", "X3"]
     assert [ln.text for ln in omitted.lines] == [ln.text for ln in kept.lines]
+
+
+def test_a_page_of_vertical_text_is_flagged_as_not_ordered() -> None:
+    from paperlane.models.engine import EngineOutput, PreparedImage
+    from paperlane.schemas import EngineInfo, QualityFlag, TaskSpec
+    from paperlane.workers.postprocess import build_result
+
+    def page(lines: list[Line]) -> PageResult:
+        output = EngineOutput(text="\n".join(ln.text for ln in lines), lines=lines)
+        return build_result(job_id="j", source="s", page=1, spec=TaskSpec(), output=output,
+                            image=PreparedImage(PAGE[0], PAGE[1], PAGE[0], PAGE[1]), size=PAGE,
+                            engine=EngineInfo(name="rapidocr", version="x"))
+
+    vertical = [Line(text="縦書きの文章です", quad=_quad(1000 - k * 60, 100, 40, 600)) for k in range(6)]
+    horizontal = _column("X", 100, 100, 900, 6)
+    flagged = page(vertical).quality
+    assert flagged is not None and QualityFlag.VERTICAL_TEXT in flagged.flags and flagged.needs_review
+    assert QualityFlag.VERTICAL_TEXT not in (page(horizontal).quality or flagged).flags

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 
-from paperlane.layout import estimate_words, is_rtl, order_lines
+from paperlane.layout import estimate_words, is_rtl, order_lines, quad_box
 from paperlane.regions import Found, order_regions
 from paperlane.metrics import PAGE_FLAGS, PAGES_GRADED
 from paperlane.models.engine import EngineOutput, PreparedImage
 from paperlane.models.quality import grade
-from paperlane.schemas import Block, BlockKind, EngineInfo, JobStatus, Line, PageResult, Point, Quality, Task, TaskSpec
+from paperlane.schemas import (Block, BlockKind, EngineInfo, JobStatus, Line, PageResult, Point, Quality, QualityFlag,
+                               Task, TaskSpec)
 from paperlane.settings import LayoutSettings
 
 
@@ -74,6 +75,8 @@ def build_result(*, job_id: str, source: str, page: int, spec: TaskSpec, output:
     if from_lines and spec.task is Task.PARSE and markdown == output.text:
         markdown = _paragraphs(read, blocks)
     quality = output.quality or grade(output, confidence=None, min_confidence=0.0)
+    if from_lines and _vertical(lines):
+        quality = Quality.grade({*quality.flags, QualityFlag.VERTICAL_TEXT}, quality.confidence)
     _count(quality)
     return PageResult(
         job_id=job_id, source=source, page=page, status=JobStatus.SUCCEEDED, task=spec.task,
@@ -81,6 +84,14 @@ def build_result(*, job_id: str, source: str, page: int, spec: TaskSpec, output:
         missing_fields=output.missing_fields, truncated=output.truncated,
         width=size[0], height=size[1], engine=output.engine or engine, usage=output.usage, quality=quality,
     )
+
+
+def _vertical(lines: list[Line]) -> bool:
+    """Whether most lines of more than one character stand upright (three times taller than wide): vertical
+    text, whose columns paperlane reads as lines and does not order right to left."""
+    boxes = [quad_box(ln.quad) for ln in lines if ln.quad and len(ln.text.strip()) > 1]
+    upright = sum(b[3] - b[1] > 3 * (b[2] - b[0]) for b in boxes)
+    return bool(boxes) and 2 * upright > len(boxes)
 
 
 _MARGINS = frozenset({BlockKind.HEADER, BlockKind.FOOTER, BlockKind.PAGE_NUMBER})
