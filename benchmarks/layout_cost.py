@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -64,6 +65,11 @@ def model_cost(repeat: int) -> None:
           flush=True)
 
 
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _pages(root: Path, folder: Path) -> list[Path]:
     pages = [t.image for t in sroie_pages(root, limit=5) + funsd_pages(root, limit=3)] if root.is_dir() else []
     for n in (2, 3):
@@ -75,20 +81,25 @@ def _pages(root: Path, folder: Path) -> list[Path]:
 
 def run_cost(pages: list[Path], rounds: int, work: Path) -> None:
     seconds: dict[str, list[float]] = {"off": [], "auto": []}
+    cpu: dict[str, list[float]] = {"off": [], "auto": []}
     for r in range(rounds):
         for setting in ("off", "auto") if r % 2 == 0 else ("auto", "off"):
             env = {**os.environ, "PAPERLANE_ENGINE__LAYOUT_MODEL": setting}
             cwd = work / f"{setting}-{r}"
             cwd.mkdir()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), _children_cpu()
             proc = subprocess.run([*PAPERLANE, "run", *map(str, pages), "--out", str(cwd / "out"), "--force"],
                                   cwd=cwd, env=env, capture_output=True, text=True, check=False)
             seconds[setting].append(time.perf_counter() - t0)
+            cpu[setting].append(_children_cpu() - c0)
             if proc.returncode not in (0, 1):
                 raise SystemExit(f"paperlane run failed ({proc.returncode}): {proc.stderr[-2000:]}")
     rate = {k: len(pages) / statistics.median(v) for k, v in seconds.items()}
+    per_page = {k: statistics.median(v) / len(pages) for k, v in cpu.items()}
     print(f"paperlane_run: pages={len(pages)} rounds={rounds} pages_per_s_without={rate['off']:.2f} "
-          f"pages_per_s_with={rate['auto']:.2f} speed_ratio={rate['auto'] / rate['off']:.2f} (start-up included)",
+          f"pages_per_s_with={rate['auto']:.2f} speed_ratio={rate['auto'] / rate['off']:.2f} "
+          f"cpu_s_per_page_without={per_page['off']:.2f} cpu_s_per_page_with={per_page['auto']:.2f} "
+          f"cpu_ratio={per_page['off'] / per_page['auto']:.2f} (start-up included; cpu: the run's process tree)",
           flush=True)
 
 
