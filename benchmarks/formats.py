@@ -6,7 +6,7 @@ Builds realistic page results without OCR (``--lines`` lines of 5-9 words each, 
 box and confidence, blocks in two columns, as RapidOCR's results are), then times, on this process's
 CPU clock, side by side in one run: the result JSON dump (what every page costs today), the page's view
 (its text and boxes as the formats read them, made once per page), each format from that view, and all
-three together from the result as a worker or ``paperlane run`` writes them (``archive_files``: one view,
+three together from the result as a worker or ``paperlane run`` writes them (``document_files``: one view,
 three files). Last line: formats_ms_per_page=<ALTO + PAGE XML + hOCR from the result, ms of CPU per page>.
 """
 
@@ -21,11 +21,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from paperlane.formats import archive_files, page_bytes
+from paperlane.formats import Content, build, document_files, page_bytes
 from paperlane.formats.view import PageView, page_view
 from paperlane.layout import order_lines
 from paperlane.schemas import EngineInfo, JobStatus, Line, OutputFormat, PageResult, Word
-from paperlane.workers.document_files import page_json
 
 WORDS = ("invoice total amount paid customer account number date order shipping address payment balance "
          "receipt quantity price tax discount reference delivery company limited street 12.00 2024").split()
@@ -52,7 +51,7 @@ def page(seed: int, lines: int) -> PageResult:
 
 
 def _json(result: PageResult) -> bytes:  # what every page costs today (the result JSON the pipeline stores)
-    return page_json(result)
+    return build(OutputFormat.JSON, Content([result]), page=result.page)
 
 
 def _cpu_ms(work: Callable[[Any], object], pages: list[Any]) -> float:
@@ -83,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         ms = _cpu_ms(functools.partial(page_bytes, fmt, name="scan", ext=".jpg", created=created), views)
         print(f"{fmt.value}_ms_per_page={ms:.3f} from the view ({ms / json_ms:.1f}x the JSON)")
     times = {1: created}
-    total = _cpu_ms(lambda p: archive_files(formats, [p], document_id="doc", name="scan", ext=".jpg", created=times),
-                    pages)
+    total = _cpu_ms(lambda p: document_files(formats, Content([p], document_id="doc", name="scan", ext=".jpg",
+                                                               created=times)), pages)
     print(f"all three from the result: {total / json_ms:.1f}x the JSON")
     print(f"formats_ms_per_page={total:.3f}")
     return 0

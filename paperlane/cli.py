@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from paperlane.errors import PaperlaneError, UsageError
+from paperlane.formats.registry import names
 from paperlane.priority.lanes import Lane
 from paperlane.schemas import PageResult, Task, TaskSpec
 from paperlane.settings import EngineKind, EngineSettings, Settings, WorkerSettings, load_settings
@@ -120,8 +121,8 @@ def run(
     task: TaskOpt = Task.SPOTTING, field: FieldOpt = None, to: LangOpt = "English",
     lane: LaneOpt = Lane.BATCH, force: ForceOpt = False,
     engine: EngineOpt = None, engine_url: EngineUrlOpt = None, model: ModelOpt = None, profile: ProfileOpt = None,
-    formats: Annotated[str | None, typer.Option("--formats", help="each document's outputs, comma-separated: json, "
-                                                "md, pdf, alto, page, hocr, mets (default: worker.output_formats, "
+    formats: Annotated[str | None, typer.Option("--formats", help="each document's outputs, comma-separated: "
+                                                f"{', '.join(names())} (default: worker.output_formats, "
                                                 "json,md,pdf)")] = None,
 ) -> None:
     """Process documents in this process (no Redis needed): per page a JSON and an annotated image,

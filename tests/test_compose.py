@@ -27,14 +27,12 @@ from urllib.parse import urlsplit
 import boto3
 import httpx
 import pytest
-import typer
 import yaml
-from pydantic import BaseModel
 
-from paperlane.cli import app
 from paperlane.models.profiles import PROFILES
 from paperlane.settings import EngineKind, Settings, StorageBackend
 from tests import services
+from tests.code_names import command, command_problem, flags, is_group, unknown_setting
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -111,18 +109,6 @@ def argv(svc: dict[str, Any]) -> list[str]:
     return shlex.split(cmd) if isinstance(cmd, str) else [str(c) for c in cmd]
 
 
-def flags(args: list[str]) -> dict[str, str]:
-    """``--name=value``, ``--name value`` and bare ``--name`` (value "") of a command line."""
-    out: dict[str, str] = {}
-    for i, arg in enumerate(args):
-        if arg.startswith("-"):
-            name, eq, value = arg.partition("=")
-            if not eq and i + 1 < len(args) and not args[i + 1].startswith("-"):
-                value = args[i + 1]
-            out[name] = value
-    return out
-
-
 def paperlane_services() -> list[str]:
     """The services that run paperlane's own image (built from ./Dockerfile)."""
     return sorted(n for n, s in compose()["services"].items() if "build" in s)
@@ -139,25 +125,6 @@ def settings_of(name: str, monkeypatch: pytest.MonkeyPatch) -> Settings:
     for key, value in environment(service(name)).items():
         monkeypatch.setenv(key, value)
     return Settings()
-
-
-def unknown_setting(var: str) -> str | None:
-    """Why ``var`` is not one of paperlane's settings, or None when it is one."""
-    model: type[BaseModel] = Settings
-    parts = var.upper().removeprefix("PAPERLANE_").lower().split("__")
-    for i, part in enumerate(parts):
-        field = model.model_fields.get(part)
-        if field is None:
-            return f"{var}: {model.__name__} has no setting {part!r}"
-        ann = field.annotation
-        is_section = isinstance(ann, type) and issubclass(ann, BaseModel)
-        if i < len(parts) - 1:
-            if not is_section:
-                return f"{var}: {part!r} is a setting, not a section"
-            model = ann  # type: ignore[assignment]
-        elif is_section:
-            return f"{var}: {part!r} is a section, not a setting"
-    return None
 
 
 def container_port(mapping: str) -> int:
@@ -243,22 +210,6 @@ def test_settings_parse_and_point_at_the_services(name: str, monkeypatch: pytest
     assert s.storage.secret_access_key.get_secret_value() == s3_env["AWS_SECRET_ACCESS_KEY"]
 
 
-def _is_group(cmd: Any) -> bool:
-    return isinstance(getattr(cmd, "commands", None), dict)
-
-
-def _command(args: list[str]) -> tuple[Any, list[str]]:
-    """The click command ``paperlane ARGS`` runs, and the arguments left for it.
-
-    typer 0.29 vendors its own click, so groups are told apart by their ``commands``, not their class.
-    """
-    cmd: Any = typer.main.get_command(app)
-    rest = list(args)
-    while _is_group(cmd) and rest and rest[0] in cmd.commands:
-        cmd = cmd.commands[rest.pop(0)]
-    return cmd, rest
-
-
 def test_redis_needs_its_password_from_every_client() -> None:
     password = env_example()["REDIS_PASSWORD"]
     redis_args = argv(service("redis"))
@@ -275,20 +226,17 @@ def test_dockerfile_entrypoint_is_paperlane() -> None:
 
 @pytest.mark.parametrize("name", ["migrate", "worker", "worker-cpu", "api"])
 def test_commands_are_registered(name: str) -> None:
-    args = argv(service(name))
-    cmd, rest = _command(args)
-    assert not _is_group(cmd), f"paperlane {' '.join(args)}: no such command"
-    known = {opt for p in cmd.params for opt in (*p.opts, *p.secondary_opts)}
-    unknown = [a.partition("=")[0] for a in rest if a.startswith("-") and a.partition("=")[0] not in known]
-    assert unknown == [], f"paperlane {' '.join(args)}: options it does not have"
+    assert command_problem(argv(service(name))) is None
 
 
 def test_commands_check_catches_a_wrong_one() -> None:
-    assert _is_group(_command(["no-such-command"])[0])
-    assert _is_group(_command(["db"])[0])
-    cmd, rest = _command(["worker", "--queues=interactive"])
+    assert is_group(command(["no-such-command"])[0])
+    assert is_group(command(["db"])[0])
+    cmd, rest = command(["worker", "--queues=interactive"])
     assert (cmd.name, rest) == ("worker", ["--queues=interactive"])
     assert "--queues" in {opt for p in cmd.params for opt in p.opts}
+    assert command_problem(["worker", "--queues=batch"]) is None
+    assert command_problem(["worker", "--no-such-option=1"]) and command_problem(["db", "nope"])
 
 
 def test_api_port_healthcheck_and_publishing(monkeypatch: pytest.MonkeyPatch) -> None:

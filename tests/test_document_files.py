@@ -19,7 +19,9 @@ import pytest
 from PIL import Image, ImageDraw
 
 from paperlane.schemas import JobStatus, Line, PageResult, Point, Task
-from paperlane.workers.document_files import document_json, document_markdown, searchable_pdf
+from paperlane.formats.markdown import document_markdown
+from paperlane.formats.pdf import searchable_pdf
+from paperlane.formats.result_json import document_json
 
 Box = tuple[float, float, float, float]  # left, bottom, right, top in PDF points
 

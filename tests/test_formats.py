@@ -26,7 +26,8 @@ from PIL import Image
 from paperlane.formats import FORMATS, document_bytes, file_name, page_bytes
 from paperlane.formats.view import page_view
 from paperlane.schemas import Block, BlockKind, EngineInfo, JobStatus, Line, OutputFormat, PageResult, Task, Word
-from paperlane.workers.document_files import document_output, page_output
+from paperlane.formats import document_bytes as document_output
+from paperlane.formats import page_bytes as page_output
 from tests.corpus import REPO, corpus_root, funsd_pages, run_paperlane, sroie_pages
 from tests.pages import render_columns, render_page, sample_lines
 

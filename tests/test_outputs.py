@@ -8,6 +8,7 @@ from pathlib import Path
 
 from lxml import etree
 
+from paperlane.formats.result_json import page_json
 from paperlane.retry import RetryPolicy
 from paperlane.schemas import EngineInfo, JobStatus, Line, OutputFormat, PageResult
 from paperlane.status import OutputsState
@@ -17,7 +18,6 @@ from paperlane.storage import outputs as recorded
 from paperlane.storage.db import Database, utcnow
 from paperlane.storage.localfs import LocalStore
 from paperlane.storage.objects import document_key, result_key
-from paperlane.workers.document_files import page_json
 from paperlane.workers.outputs import Writer, build_outputs
 from tests.pages import tiny_page
 from tests.test_ingests import doc, succeed

@@ -21,7 +21,7 @@ from functools import partial
 from pathlib import Path
 
 from paperlane.errors import PaperlaneError
-from paperlane.formats import document_bytes, file_name
+from paperlane.formats import Content, build, file_name, format_of, lookup
 from paperlane.priority.delayed import InMemoryDelayed
 from paperlane.priority.lanes import Lane
 from paperlane.priority.policy import LanePolicy
@@ -31,16 +31,15 @@ from paperlane.producer.submit import SubmitAction, SubmittedPage, Submitter
 from paperlane.retry import Action, RetryPolicy
 from paperlane.schemas import JobStatus, OutputFormat, PageResult, TaskSpec
 from paperlane.storage import jobs as jobstore
-from paperlane.storage.results import page_result
+from paperlane.storage.results import document_content, page_result
 from paperlane.workers.attempts import Settled, settle
-from paperlane.workers.document_files import page_json
 from paperlane.workers.outputs import Writer
 from paperlane.workers.pipeline import PageOutcome, Runtime, process_page
-from paperlane.workers.render import format_of
 
 log = logging.getLogger(__name__)
 
 Emit = Callable[[SubmittedPage, PageResult, "bytes | None"], None]
+_PAGE_FILE = OutputFormat.JSON  # what each page is written as, as it finishes (a one-page document's JSON is it)
 
 
 @dataclass
@@ -102,13 +101,14 @@ class _OutputWriter:
         stem = self._stem(page)
         name = stem if page.page_count == 1 else f"{stem}-p{page.page_no}"
         result = result.model_copy(update={"source": page.source, "page": page.page_no})
-        (self.out_dir / f"{name}.json").write_bytes(page_json(result))
+        page_file = build(_PAGE_FILE, Content([result]), page=result.page)
+        (self.out_dir / file_name(name, _PAGE_FILE)).write_bytes(page_file)
         if image is not None:
             # A page done by an earlier run may have been stored in another format: its bytes say which.
             # "<name>.annotated.jpg", never "<name>.jpg": run with --out on the input folder must not
             # overwrite the scans themselves.
             fmt = format_of(image) or self.rt.settings.worker.annotated_format
-            (self.out_dir / f"{name}.annotated.{fmt.suffix}").write_bytes(image)
+            (self.out_dir / file_name(name, fmt)).write_bytes(image)
         self.summary.pages += 1
         self.summary.failed += result.status is JobStatus.FAILED
         self.summary.timings.append(result.timings)
@@ -140,11 +140,11 @@ class _OutputWriter:
         files = dict(outputs.files)
         count = len(outputs.pages)
         if count == 1:
-            files.pop((OutputFormat.JSON, None), None)  # the page's JSON has its name and says it all
-        if (OutputFormat.METS, None) in files:  # its page files are named after the stem here, not the id
-            doc = outputs.document
-            files[(OutputFormat.METS, None)] = document_bytes(OutputFormat.METS, outputs.pages, document_id=doc.id,
-                                                              name=doc.name, ext=doc.ext, stem=stem)
+            files.pop((_PAGE_FILE, None), None)  # the page's own file has its name and says it all
+        content = document_content(self.rt.store, outputs.document, outputs.pages, stem=stem)
+        for fmt, number in list(files):
+            if lookup(fmt).companions:  # it lists its page files: here they are named after the stem, not the id
+                files[(fmt, number)] = build(fmt, content, page=number)
         for (fmt, number), data in files.items():
             (self.out_dir / file_name(stem, fmt, number, count)).write_bytes(data)
 

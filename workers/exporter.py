@@ -1,8 +1,8 @@
 """A worker's /metrics endpoint: paperlane's series (``paperlane.metrics``), the lanes' queue depths, and the GPU
 through NVML when present; and the per-tenant series' bounded labels (``TenantSeries``).
 
-Queue depths are read from Redis at scrape time (every priority list of each lane, and the pages waiting by
-fair share behind it), so they are the broker's truth whichever worker is scraped. GPU series come from NVML
+Queue depths (``priority.depth``) are read from Redis at scrape time, so they are the broker's truth whichever
+worker is scraped. GPU series come from NVML
 (``nvidia-ml-py``): memory used and total, utilisation and temperature per device, so an operator sees memory
 pressure before an out-of-memory crash. Where no NVIDIA driver is found, those series are simply absent.
 """
@@ -21,37 +21,13 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from paperlane.metrics import TENANT_ENGINE_SECONDS, TENANT_PAGES, TENANT_TOKENS
-from paperlane.priority import fair, keys
-from paperlane.priority.lanes import Lane, broker_keys
+from paperlane.priority import keys
+from paperlane.priority.depth import QueueDepth
 from paperlane.settings import Settings
 from paperlane.storage import usage
 from paperlane.storage.db import Database, utcnow
 
 log = logging.getLogger(__name__)
-
-
-class QueueDepth(Collector):
-    """Messages waiting in each lane (its queue and its fair-share structure), read from Redis when scraped."""
-
-    def __init__(self, client: redis.Redis) -> None:
-        self._redis = client
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily("paperlane_queue_depth", "messages waiting on a lane's queue", labels=["lane"])
-        try:
-            with self._redis.pipeline(transaction=False) as pipe:
-                for lane in Lane:
-                    for key in broker_keys(lane):
-                        pipe.llen(key)
-                    fair.held(pipe, lane)
-                counts = [fair.count(n) for n in pipe.execute()]
-        except redis.RedisError as exc:
-            log.warning("queue depth: %s", exc)
-            return
-        per_lane = len(broker_keys(Lane.BATCH)) + 1
-        for i, lane in enumerate(Lane):
-            family.add_metric([lane.value], sum(counts[i * per_lane:(i + 1) * per_lane]))
-        yield family
 
 
 OTHER = "other"

@@ -19,8 +19,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from paperlane.errors import public_reason
-from paperlane.formats import FORMATS, FileKey, archive_files
-from paperlane.pdfium import LOCK as PDFIUM_LOCK
+from paperlane.formats import FileKey, document_files, media_type
 from paperlane.retry import RetryPolicy
 from paperlane.schemas import OutputFormat, PageResult
 from paperlane.settings import DEFAULT_OUTPUT_FORMATS
@@ -28,9 +27,8 @@ from paperlane.status import OutputsState
 from paperlane.storage import outputs as recorded
 from paperlane.storage.db import Database, utcnow
 from paperlane.storage.objects import ObjectStore, document_key
-from paperlane.storage.results import document_results
+from paperlane.storage.results import document_content, document_results
 from paperlane.storage.tables import DocumentRow
-from paperlane.workers.document_files import document_json, document_markdown, searchable_pdf
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +72,7 @@ class Writer:
             count = len(built.pages)
             for (fmt, page), data in built.files.items():
                 self.store.put(document_key(held.document_id, fmt, page, count), data,
-                               content_type=FORMATS[fmt].media_type)
+                               content_type=media_type(fmt))
             recorded.written(self.db, held, formats=built.formats)
             return built
         except Exception as exc:
@@ -98,30 +96,10 @@ def build_outputs(db: Database, store: ObjectStore, document_id: str, *,
     written. Page files are named after the document's id (as the METS refers to them). ``known``: see
     ``storage.results.document_results``."""
     read = document_results(db, store, document_id, known=known)
-    document, pages = read.document, read.pages
-    files: dict[FileKey, bytes] = {}
-    if OutputFormat.JSON in formats:
-        files[(OutputFormat.JSON, None)] = document_json(document_id=document.id, source=document.source,
-                                                         name=document.name, pages=pages)
-    if OutputFormat.MD in formats:
-        files[(OutputFormat.MD, None)] = document_markdown(pages).encode()
-    if OutputFormat.PDF in formats and (pdf := _pdf(store, document, pages, max_pixels=max_pixels)) is not None:
-        files[(OutputFormat.PDF, None)] = pdf
-    files |= archive_files(formats, pages, document_id=document.id, name=document.name, ext=document.ext,
-                           stem=document.id, created=read.finished)
-    made = [fmt for fmt in OutputFormat if fmt in formats and (fmt is not OutputFormat.PDF or (fmt, None) in files)]
-    return DocumentOutputs(document, pages, files, made)
-
-
-def _pdf(store: ObjectStore, document: DocumentRow, pages: list[PageResult], *, max_pixels: int) -> bytes | None:
-    """The searchable PDF, or None when it cannot be made (the other outputs still go out; the reason is logged)."""
-    try:
-        original = store.get(document.original_key) if document.original_key else None
-        with PDFIUM_LOCK:
-            return searchable_pdf(pages, original=original, ext=document.ext, max_pixels=max_pixels)
-    except Exception as exc:
-        log.warning("document %s: no searchable PDF (%s)", document.id, public_reason(exc), exc_info=exc)
-        return None
+    content = document_content(store, read.document, read.pages, created=read.finished, max_pixels=max_pixels)
+    files = document_files(formats, content)
+    made = [fmt for fmt in OutputFormat if fmt in formats and any(key[0] is fmt for key in files)]
+    return DocumentOutputs(read.document, read.pages, files, made)
 
 
 class OutputsSweep:

@@ -18,11 +18,12 @@ import time
 from concurrent.futures import CancelledError, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from paperlane import formats
 from paperlane.errors import INTERNAL_REASON, OutOfMemory, PaperlaneError, WorkerStopping, public_reason
 from paperlane.models.engine import Capacity, Engine, EngineOutput, EngineRequest
 from paperlane.models.factory import build_engine
 from paperlane.priority.lanes import LEVELS_PER_LANE, Lane
-from paperlane.schemas import EngineInfo, JobStatus, PageResult, Stage, Task, TaskSpec
+from paperlane.schemas import EngineInfo, JobStatus, OutputFormat, PageResult, Stage, Task, TaskSpec
 from paperlane.settings import Settings, WorkerSettings
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
@@ -31,10 +32,8 @@ from paperlane.storage.tables import JobRow
 from paperlane.workers.answers import EngineAnswers
 from paperlane.workers.batcher import MicroBatcher
 from paperlane.workers.cpu_pool import CpuPool, Prepared
-from paperlane.workers.document_files import page_json
 from paperlane.workers.postprocess import build_result
 from paperlane.workers.preprocess import PreparedPage
-from paperlane.workers.render import annotate
 
 log = logging.getLogger(__name__)
 
@@ -212,15 +211,16 @@ def _finish(rt: Runtime, job: JobRow, spec: TaskSpec, page: PreparedPage, output
     fmt = rt.settings.worker.annotated_format
     image_key, image = None, None
     if page.preview is not None:
-        image = rt.render.submit(annotate, page.preview, result.lines, page_width=page.width,
-                                 page_height=page.height, fmt=fmt).result()
+        image = rt.render.submit(formats.build, fmt, formats.Content([result], preview=page.preview),
+                                 page=result.page).result()
         image_key = annotated_key(job.id, fmt)
-        rt.store.put(image_key, image, content_type=fmt.mime)
+        rt.store.put(image_key, image, content_type=formats.media_type(fmt))
     # The JSON's store time covers rendering and the image upload; the row gets the full time.
     timings[Stage.STORE.value] = time.perf_counter() - t1
     result.timings = dict(timings)
     json_key = result_key(job.id)
-    rt.store.put(json_key, page_json(result), content_type="application/json")
+    rt.store.put(json_key, formats.build(OutputFormat.JSON, formats.Content([result]), page=result.page),
+                 content_type=formats.media_type(OutputFormat.JSON))
     timings[Stage.STORE.value] = time.perf_counter() - t1
     finished = jobstore.finish_succeeded(rt.db, job, result, engine=_engine_name(result.engine or rt.engine.info),
                                          result_key=json_key,

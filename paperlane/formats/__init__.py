@@ -1,155 +1,100 @@
-"""Every output format of a page or a document: its file suffix, media type and files; the archive formats'
-builders (ALTO, PAGE XML, hOCR, METS).
+"""Every output of paperlane, by name: JSON, markdown, the searchable PDF, ALTO, PAGE XML, hOCR, METS and the
+annotated image, each a registered format (``paperlane.formats.registry``) built through one entry point::
 
-Pure functions of page results (no database, no storage): the caller reads the results and writes what comes
-back, so a document's archive files can be built wherever its page results can be read. The registry names
-all seven formats (suffix, media type, which forms each has); this package builds the four archive ones::
+    build(fmt, content, page=None) -> bytes        # a document's file (page None) or page N's
+    file_name(stem, fmt, page=None, page_count=1)  # "scan.alto.xml", "scan-p3.page.xml"
+    document_files(formats, content)               # every file those formats make of a document
+    media_type(fmt)                                # what the file is served and stored as
 
-    FORMATS[OutputFormat.ALTO]        # FormatSpec(suffix=".alto.xml", media_type=..., page=True, document=True)
-    page_bytes(fmt, page, *, name, page_count=1, ext=".jpg")            # ALTO, PAGE XML, hOCR of one page
-    document_bytes(fmt, pages, *, document_id, name, ext=".pdf")         # ALTO, hOCR, METS of a document
-    archive_files(formats, pages, *, document_id, name, ext, stem)      # every file those formats make
-    file_name(name, fmt, page=None, page_count=1)  # "scan.alto.xml", "scan-p3.page.xml"
-
-A document in ALTO or hOCR is one file holding its pages; PAGE XML holds one page a file; METS is only a
-document's, and lists each page's image, ALTO and PAGE XML files, so asking for METS makes those too. A page
-that did not succeed is never dropped: each format writes an empty page that says why. Each page's text and
-boxes come from one view of it (``paperlane.formats.view.page_view``), made once however many formats are
-written, so all of them carry the same text in the same (reading) order.
+Pure functions of page results (no database, no storage, nothing from the workers, the producer or storage):
+the caller reads the results (and the original, for the PDF) into a ``Content`` and writes what comes back, so
+a document's files are the same bytes wherever they are built. A page that did not succeed is never dropped:
+each format writes it with the reason. Each page's text and boxes come from one view of it
+(``paperlane.formats.view``), made once however many formats are written.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+import importlib
+import logging
+from collections.abc import Collection, Sequence
 from datetime import datetime
+from typing import TYPE_CHECKING
 
-from paperlane.errors import UsageError
-from paperlane.formats.alto import document_alto, page_alto
-from paperlane.formats.hocr import document_hocr, page_hocr
-from paperlane.formats.mets import PageFiles, document_mets
-from paperlane.formats.pagexml import page_xml
-from paperlane.formats.view import PageView, as_view
+from paperlane.errors import UsageError, public_reason
+from paperlane.formats.content import Content
+from paperlane.formats.registry import (ARCHIVE_FORMATS, FORMATS, REGISTRY, Format, FormatKey, Scope, file_name,
+                                        format_of, lookup, media_type, media_type_of)
 from paperlane.schemas import OutputFormat, PageResult
 
+if TYPE_CHECKING:
+    from paperlane.formats.view import PageView
 
-@dataclass(frozen=True)
-class FormatSpec:
-    format: OutputFormat
-    suffix: str  # of its files, with the dot: "scan" + ".alto.xml"
-    media_type: str  # what an HTTP response carrying it says
-    page: bool  # a page can be written on its own
-    document: bool  # a whole document can be written as one file
+__all__ = ["ARCHIVE_FORMATS", "FORMATS", "REGISTRY", "Content", "FileKey", "Format", "FormatKey", "Scope", "build",
+           "document_bytes", "document_files", "file_name", "format_of", "lookup", "media_type", "media_type_of",
+           "page_bytes"]
 
-
-FORMATS: dict[OutputFormat, FormatSpec] = {spec.format: spec for spec in (
-    FormatSpec(OutputFormat.JSON, ".json", "application/json", page=True, document=True),
-    FormatSpec(OutputFormat.MD, ".md", "text/markdown; charset=utf-8", page=True, document=True),
-    FormatSpec(OutputFormat.PDF, ".pdf", "application/pdf", page=True, document=True),
-    FormatSpec(OutputFormat.ALTO, ".alto.xml", "application/xml", page=True, document=True),
-    FormatSpec(OutputFormat.PAGE, ".page.xml", "application/xml", page=True, document=False),
-    FormatSpec(OutputFormat.HOCR, ".hocr", "application/xhtml+xml", page=True, document=True),
-    FormatSpec(OutputFormat.METS, ".mets.xml", "application/xml", page=False, document=True),
-)}
-ARCHIVE_FORMATS = (OutputFormat.ALTO, OutputFormat.PAGE, OutputFormat.HOCR, OutputFormat.METS)
-
-_IMAGE_TYPES = {".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png", ".tif": "image/tiff",
-                ".tiff": "image/tiff", ".webp": "image/webp", ".bmp": "image/bmp", ".gif": "image/gif",
-                ".pdf": "application/pdf"}
+log = logging.getLogger(__name__)
 
 FileKey = tuple[OutputFormat, "int | None"]  # a format's file: the document's (None) or a page's
 
 
-def file_name(name: str, fmt: OutputFormat, page: int | None = None, page_count: int = 1) -> str:
-    """The file a format is written to: ``name`` + suffix for a document (or its only page),
-    ``name-pN`` + suffix for page N of several (the names ``paperlane run`` gives page files)."""
-    suffix = FORMATS[fmt].suffix
-    return f"{name}-p{page}{suffix}" if page is not None and page_count > 1 else f"{name}{suffix}"
+def build(fmt: FormatKey, content: Content, *, page: int | None = None) -> bytes:
+    """``content`` in ``fmt``: the whole document's file (``page`` None) or page ``page``'s alone.
+
+    Raises UsageError for a form the format lacks (``lookup(fmt).scopes`` says which it has), and what its
+    builder raises (PaperlaneError when the searchable PDF or the annotated image cannot be made)."""
+    spec = lookup(fmt)
+    module = importlib.import_module(f"paperlane.formats.{spec.module}")
+    if page is None:
+        if not spec.document:
+            raise UsageError(f"{spec.key.value} has no whole-document form: it holds one page a file")
+        return bytes(module.build_document(content, spec))
+    if not spec.page:
+        raise UsageError(f"{spec.key.value} is a document's only: it has no form for a page alone")
+    return bytes(module.build_page(content, page, spec))
 
 
-def image_href(name: str, ext: str, page: int, page_count: int) -> str:
-    """The page's image: the original file, with ``#page=N`` (RFC 8118) when it has several pages."""
-    return f"{name}{ext}" + (f"#page={page}" if page_count > 1 else "")
-
-
-def default_files(name: str, ext: str, pages: Sequence[int], *, image_base: str = "",
-                  stem: str | None = None) -> dict[int, PageFiles]:
-    """Each page's files named as ``file_name`` names them after ``stem`` (default ``name``), beside the METS;
-    its image, the original ``name`` + ``ext``, under ``image_base``."""
-    count, stem = len(pages), stem or name
-    return {n: PageFiles(image=image_base + image_href(name, ext, n, count),
-                         image_type=_IMAGE_TYPES.get(ext.lower(), "application/octet-stream"),
-                         alto=file_name(stem, OutputFormat.ALTO, n, count),
-                         page=file_name(stem, OutputFormat.PAGE, n, count)) for n in pages}
-
-
-def page_bytes(fmt: OutputFormat, page: PageResult | PageView, *, name: str, page_count: int = 1, ext: str = "",
-               created: datetime | None = None) -> bytes:
-    """One page as ALTO, PAGE XML or hOCR; ``name`` and ``ext`` name the document's original (its image).
-
-    ``created`` is PAGE XML's required time (default: now). Raises UsageError for another format.
-    """
-    view = as_view(page)
-    image = image_href(name, ext, view.number, page_count)
-    if fmt is OutputFormat.ALTO:
-        return page_alto(view, image_name=image)
-    if fmt is OutputFormat.PAGE:
-        return page_xml(view, image_name=image, created=created)
-    if fmt is OutputFormat.HOCR:
-        return page_hocr(view, image_name=image)
-    raise UsageError(f"{fmt.value} is not an archive format of a page (alto, page, hocr)")
-
-
-def document_bytes(fmt: OutputFormat, pages: Sequence[PageResult | PageView], *, document_id: str, name: str,
-                   ext: str = "", stem: str | None = None, files: Mapping[int, PageFiles] | None = None) -> bytes:
-    """A document as one ALTO, one hOCR or its METS (``files``: each page's, default ``default_files`` with the
-    page files named after ``stem``, default ``name``).
-
-    Raises UsageError for PAGE XML (one page a file: write each page's and the METS) and other formats.
-    """
-    numbers = sorted(p.number if isinstance(p, PageView) else p.page for p in pages)
-    if fmt is OutputFormat.ALTO:
-        return document_alto(pages, image_name=f"{name}{ext}")
-    if fmt is OutputFormat.HOCR:
-        return document_hocr(pages, image_names={n: image_href(name, ext, n, len(numbers)) for n in numbers})
-    if fmt is OutputFormat.METS:
-        return document_mets(pages, document_id=document_id, name=name,
-                             files=files if files is not None else default_files(name, ext, numbers, stem=stem))
-    raise UsageError(f"{fmt.value} has no whole-document archive form (alto, hocr, mets); PAGE XML holds one "
-                     "page a file")
-
-
-def archive_files(formats: Collection[OutputFormat], pages: Sequence[PageResult | PageView], *, document_id: str,
-                  name: str, ext: str = "", stem: str | None = None,
-                  created: Mapping[int, datetime] | None = None) -> dict[FileKey, bytes]:
-    """Every file the archive formats among ``formats`` make of a document (the others are left out), keyed by
-    format and page: the document's ALTO, hOCR and METS (page None), each page's PAGE XML, and with METS each
-    page's ALTO and PAGE XML, which it lists. A document of one page has only its document's files (page None:
-    ``file_name`` gives the page's file the same name). Each page's view is made once for all of them.
-
-    ``name`` and ``ext`` name the original (the pages' image); ``stem`` (default ``name``) the files, as
-    ``file_name(stem, fmt, page, len(pages))`` names them, which is how the METS refers to its page files.
-    ``created``: each page's PAGE XML time (default: now).
-    """
-    views = sorted((as_view(p) for p in pages), key=lambda v: v.number)
-    count, stem = len(views), stem or name
-    several = count > 1
+def document_files(formats: Collection[OutputFormat], content: Content) -> dict[FileKey, bytes]:
+    """Every file ``formats`` make of the document, keyed by format and page: a document-scope format's one file
+    (page None), a page-scope format's file for each page, and each page's file in a format's companions (METS
+    lists each page's ALTO and PAGE XML). A document of one page has only page None (``file_name`` names its
+    page's file the same). A best-effort format that cannot be made is left out, the reason logged."""
+    several = content.count > 1
     files: dict[FileKey, bytes] = {}
-    for fmt in (OutputFormat.ALTO, OutputFormat.HOCR):
-        if fmt in formats:
-            files[(fmt, None)] = document_bytes(fmt, views, document_id=document_id, name=name, ext=ext)
-    per_page = {fmt for fmt in (OutputFormat.ALTO, OutputFormat.PAGE)
-                if OutputFormat.METS in formats or (fmt is OutputFormat.PAGE and fmt in formats)}
-    for view in views:
-        page = view.number if several else None
-        if OutputFormat.ALTO in per_page and (several or (OutputFormat.ALTO, None) not in files):
-            files[(OutputFormat.ALTO, page)] = page_bytes(OutputFormat.ALTO, view, name=name, ext=ext,
-                                                          page_count=count)
-        if OutputFormat.PAGE in per_page:
-            files[(OutputFormat.PAGE, page)] = page_bytes(OutputFormat.PAGE, view, name=name, ext=ext,
-                                                          page_count=count, created=(created or {}).get(view.number))
-    if OutputFormat.METS in formats:
-        files[(OutputFormat.METS, None)] = document_bytes(OutputFormat.METS, views, document_id=document_id,
-                                                          name=name, ext=ext, stem=stem)
+    for fmt, spec in FORMATS.items():
+        if fmt not in formats:
+            continue
+        if spec.document:
+            try:
+                files[(fmt, None)] = build(fmt, content)
+            except Exception as exc:
+                if not spec.best_effort:
+                    raise
+                log.warning("document %s: no %s (%s)", content.document_id, fmt.value, public_reason(exc),
+                            exc_info=exc)
+        for each in ((fmt,) if not spec.document else ()) + spec.companions:
+            for view in content.views:
+                key: FileKey = (each, view.number if several else None)
+                if key not in files:
+                    files[key] = build(each, content, page=view.number)
     return files
 
+
+# -- shorthands for one page or one document (tests, benchmarks) -------------------------------------------------
+
+def page_bytes(fmt: FormatKey, page: PageResult | PageView, *, name: str, page_count: int = 1, ext: str = "",
+               created: datetime | None = None, original: bytes | None = None) -> bytes:
+    """One page in ``fmt``: ``build`` of a ``Content`` holding it (``name`` and ``ext`` name the original)."""
+    number = page.page if isinstance(page, PageResult) else page.number
+    content = Content([page], name=name, ext=ext, page_count=page_count,
+                      created={number: created} if created is not None else {}, original=lambda: original)
+    return build(fmt, content, page=number)
+
+
+def document_bytes(fmt: FormatKey, pages: Sequence[PageResult | PageView], *,
+                   document_id: str, name: str, ext: str = "", source: str = "", stem: str | None = None,
+                   original: bytes | None = None) -> bytes:
+    """A whole document in ``fmt``: ``build`` of a ``Content`` holding ``pages``."""
+    return build(fmt, Content(pages, name=name, ext=ext, document_id=document_id, source=source, stem=stem,
+                              original=lambda: original))

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 
 from lxml import etree
 
+from paperlane.formats.content import Content
+from paperlane.formats.registry import Format
 from paperlane.formats.view import BlockView, Box, LineView, PageView, as_view, confidence_text, points, producer
 from paperlane.schemas import BlockKind, EngineInfo, PageResult
 
@@ -192,3 +194,11 @@ def _line(xf: etree.xmlfile, line: LineView, line_id: str) -> None:
             with element(_STRING, word_attrs):
                 pass
             before_left, before_right = left, right
+
+
+def build_page(content: Content, number: int, _spec: Format) -> bytes:
+    return page_alto(content.view(number), image_name=content.image_name(number))
+
+
+def build_document(content: Content, _spec: Format) -> bytes:
+    return document_alto(content.views, image_name=f"{content.name}{content.ext}")

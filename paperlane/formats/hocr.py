@@ -22,6 +22,8 @@ from functools import lru_cache
 
 from lxml import etree
 
+from paperlane.formats.content import Content
+from paperlane.formats.registry import Format
 from paperlane.formats.view import BlockView, Box, LineView, PageView, as_view, producer
 from paperlane.schemas import BlockKind, PageResult
 
@@ -119,3 +121,11 @@ def _line(xf: etree.xmlfile, line: LineView, line_id: str, css: str) -> None:
 def _wconf(confidence: float) -> str:
     """The ``x_wconf`` property (0-100); remembered: a line's words share their confidence."""
     return f"; x_wconf {round(min(max(confidence, 0.0), 1.0) * 100)}"
+
+
+def build_page(content: Content, number: int, _spec: Format) -> bytes:
+    return page_hocr(content.view(number), image_name=content.image_name(number))
+
+
+def build_document(content: Content, _spec: Format) -> bytes:
+    return document_hocr(content.views, image_names={v.number: content.image_name(v.number) for v in content.views})

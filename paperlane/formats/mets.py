@@ -14,8 +14,10 @@ from dataclasses import dataclass
 
 from lxml import etree
 
+from paperlane.formats.content import Content
+from paperlane.formats.registry import Format, lookup, media_type_of
 from paperlane.formats.view import PageView, as_view, producer
-from paperlane.schemas import PageResult
+from paperlane.schemas import OutputFormat, PageResult
 
 NS = "http://www.loc.gov/METS/"
 XLINK = "http://www.w3.org/1999/xlink"
@@ -34,10 +36,9 @@ class PageFiles:
     hocr: str | None = None
 
 
-# (fileGrp USE, ID prefix, the PageFiles field, MIMETYPE)
-_GROUPS = (("IMAGE", "IMG", "image", None), ("FULLTEXT", "ALTO", "alto", "application/alto+xml"),
-           ("PAGEXML", "PAGE", "page", "application/vnd.prima.page+xml"),
-           ("HOCR", "HOCR", "hocr", "text/vnd.hocr+html"))
+# (fileGrp USE, ID prefix, the PageFiles field, the format whose MIMETYPE it gives; None: the image's own)
+_GROUPS = (("IMAGE", "IMG", "image", None), ("FULLTEXT", "ALTO", "alto", OutputFormat.ALTO),
+           ("PAGEXML", "PAGE", "page", OutputFormat.PAGE), ("HOCR", "HOCR", "hocr", OutputFormat.HOCR))
 
 
 def document_mets(pages: Sequence[PageResult | PageView], *, document_id: str, name: str,
@@ -51,14 +52,14 @@ def document_mets(pages: Sequence[PageResult | PageView], *, document_id: str, n
     _sub(agent, "name").text = producer([v.engine for v in ordered])
     file_sec = _sub(root, "fileSec")
     ids: dict[int, list[str]] = {v.number: [] for v in ordered}
-    for use, prefix, field, mimetype in _GROUPS:
+    for use, prefix, field, fmt in _GROUPS:
         listed = [(v.number, href) for v in ordered if (href := getattr(files.get(v.number, PageFiles()), field))]
         if not listed:
             continue
         group = _sub(file_sec, "fileGrp", USE=use)
         for number, href in listed:
             file_id = f"{prefix}_{number:05d}"
-            kind = mimetype or files[number].image_type
+            kind = _listed_as(fmt) if fmt is not None else files[number].image_type
             _sub(_sub(group, "file", ID=file_id, MIMETYPE=kind), "FLocat", LOCTYPE="URL",
                  **{f"{{{XLINK}}}href": href})
             ids[number].append(file_id)
@@ -71,7 +72,22 @@ def document_mets(pages: Sequence[PageResult | PageView], *, document_id: str, n
         div = _sub(sequence, "div", **attrs)
         for file_id in ids[view.number]:
             _sub(div, "fptr", FILEID=file_id)
-    return etree.tostring(root, xml_declaration=True, encoding="UTF-8")
+    return bytes(etree.tostring(root, xml_declaration=True, encoding="UTF-8"))
+
+
+def build_document(content: Content, _spec: Format) -> bytes:
+    """The METS of ``content``: each page's image where the original is (``Content.original_location``), and its
+    ALTO and PAGE XML where ``Content.page_file`` says (by default beside the METS, named after ``content.stem``
+    as ``file_name`` names them)."""
+    files = {v.number: PageFiles(image=content.original_location(v.number), image_type=media_type_of(content.ext),
+                                 alto=content.page_file(OutputFormat.ALTO, v.number),
+                                 page=content.page_file(OutputFormat.PAGE, v.number)) for v in content.views}
+    return document_mets(content.views, document_id=content.document_id, name=content.name, files=files)
+
+
+def _listed_as(fmt: OutputFormat) -> str:
+    spec = lookup(fmt)
+    return spec.listed_as or spec.media_type
 
 
 def _sub(parent: etree._Element, tag: str, **attrs: str) -> etree._Element:

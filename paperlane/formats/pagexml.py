@@ -21,6 +21,8 @@ from datetime import UTC, datetime
 
 from lxml import etree
 
+from paperlane.formats.content import Content
+from paperlane.formats.registry import Format
 from paperlane.formats.view import BlockView, LineView, PageView, as_view, confidence_text, points, producer
 from paperlane.schemas import BlockKind, PageResult, Point
 
@@ -136,3 +138,7 @@ def _line(xf: etree.xmlfile, line: LineView, line_id: str) -> None:
 def _equiv(xf: etree.xmlfile, text: str, confidence: float | None) -> None:
     with xf.element(_TEXT_EQUIV, {"conf": confidence_text(confidence)} if confidence is not None else {}):
         _text(xf, _UNICODE, text)
+
+
+def build_page(content: Content, number: int, _spec: Format) -> bytes:
+    return page_xml(content.view(number), image_name=content.image_name(number), created=content.created.get(number))

@@ -28,7 +28,8 @@ from typing import Any
 
 from paperlane.layout import box_quad, estimate_words, is_rtl, order_lines, quad_box
 from paperlane.models.profiles import markdown_to_text
-from paperlane.schemas import BlockKind, EngineInfo, JobStatus, PageResult, Point, Task, Word
+from paperlane.schemas import BlockKind, EngineInfo, PageResult, Point, Task, Word
+from paperlane.status import JobStatus
 
 _UNTEXTED_TASKS = (Task.FIELDS, Task.TRANSLATE)
 _NOTE_CHARS = 300  # a failure's reason is cut to this

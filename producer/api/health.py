@@ -1,6 +1,6 @@
 """The process's health (/healthz, answered on the event loop: no thread, no service), its readiness (/readyz:
-the database, Redis and the object store answer) and its metrics (/metrics); the last two need
-``api.metrics_token`` when one is set (the guard checks it)."""
+the database, Redis and the object store answer) and its metrics (/metrics, with the lanes' backlog); the last
+two need ``api.metrics_token`` when one is set (the guard checks it)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from functools import partial
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sqlalchemy import text
 
+from paperlane.priority.depth import QueueDepth
 from paperlane.producer.api.service import ServiceDep
 from paperlane.storage.db import Database
 
@@ -21,8 +22,12 @@ router = APIRouter()
 
 
 @router.get("/metrics", include_in_schema=False)
-def metrics() -> Response:
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+def metrics(svc: ServiceDep) -> Response:
+    """This process's series and the lanes' backlog (read from Redis now: autoscaling's signal, served here too
+    so that workers scaled to zero are woken by it)."""
+    depth = CollectorRegistry(auto_describe=False)
+    depth.register(QueueDepth(svc.redis))
+    return Response(generate_latest() + generate_latest(depth), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/healthz", tags=["health"])

@@ -7,6 +7,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
+from paperlane.formats import Scope, format_of, media_type, media_type_of
+from paperlane.formats.registry import names
 from paperlane.producer.api.errors import ApiError, public
 from paperlane.producer.api.files import page_file
 from paperlane.producer.api.service import CallerDep, ServiceDep
@@ -15,11 +17,13 @@ from paperlane.storage import ingests, views
 from paperlane.storage.results import page_result
 
 router = APIRouter(prefix="/v1/pages", tags=["pages"])
+# json (the page's status and result), and each archive format a page has alone.
+_FORMATS = f"^(json|{'|'.join(names(scope=Scope.PAGE, archive=True))})$"
 
 
 @router.get("/{page_id}", response_model=None)
 def get_page(page_id: str, svc: ServiceDep, who: CallerDep,
-             format: Annotated[str, Query(pattern="^(json|alto|page|hocr)$", description="json: its status and "
+             format: Annotated[str, Query(pattern=_FORMATS, description="json: its status and "
                                           "result; alto, page (PAGE XML), hocr: the page alone in that format, "
                                           "once it is final")] = "json") -> dict[str, Any] | Response:
     """A page: its status and, once final, its result; or the page in ALTO, PAGE XML or hOCR."""
@@ -40,5 +44,7 @@ def get_annotated(page_id: str, svc: ServiceDep, who: CallerDep) -> Response:
     key = found.job.annotated_key
     if not key:
         raise ApiError(404, "not_found", "this page has no annotated image")
-    media = "image/jpeg" if key.endswith(".jpg") else f"image/{key.rsplit('.', 1)[-1]}"
-    return Response(svc.store.get(key), media_type=media, headers={"Cache-Control": "private, max-age=300"})
+    data = svc.store.get(key)
+    encoding = format_of(data)
+    media = media_type(encoding) if encoding is not None else media_type_of("." + key.rsplit(".", 1)[-1])
+    return Response(data, media_type=media, headers={"Cache-Control": "private, max-age=300"})

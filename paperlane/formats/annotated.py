@@ -9,11 +9,14 @@ while it draws and encodes, so the worker renders on a small thread pool beside 
 
 from __future__ import annotations
 
+__all__ = ["annotate", "build_page", "format_of"]
+
 import cv2
 import numpy as np
 
-from paperlane.errors import PaperlaneError
-from paperlane.filetypes import HEAD, FileType, sniff
+from paperlane.errors import PaperlaneError, UsageError
+from paperlane.formats.content import Content
+from paperlane.formats.registry import Format, format_of
 from paperlane.schemas import Line, Point
 from paperlane.settings import ImageFormat
 
@@ -21,12 +24,11 @@ _GREEN = (40, 170, 40)
 _RED = (30, 30, 220)
 _LOW_CONFIDENCE = 0.5
 
-_ENCODINGS: dict[ImageFormat, tuple[str, list[int]]] = {
-    ImageFormat.JPEG: (".jpg", [cv2.IMWRITE_JPEG_QUALITY, 80]),
-    ImageFormat.WEBP: (".webp", [cv2.IMWRITE_WEBP_QUALITY, 80]),
-    ImageFormat.PNG: (".png", [cv2.IMWRITE_PNG_COMPRESSION, 1]),
+_ENCODER_PARAMS: dict[ImageFormat, list[int]] = {
+    ImageFormat.JPEG: [cv2.IMWRITE_JPEG_QUALITY, 80],
+    ImageFormat.WEBP: [cv2.IMWRITE_WEBP_QUALITY, 80],
+    ImageFormat.PNG: [cv2.IMWRITE_PNG_COMPRESSION, 1],
 }
-_OF_FORMAT = {FileType.JPEG: ImageFormat.JPEG, FileType.PNG: ImageFormat.PNG, FileType.WEBP: ImageFormat.WEBP}
 
 
 def annotate(preview: np.ndarray, lines: list[Line], *, page_width: int, page_height: int,
@@ -39,8 +41,7 @@ def annotate(preview: np.ndarray, lines: list[Line], *, page_width: int, page_he
     try:
         canvas = cv2.cvtColor(preview, cv2.COLOR_GRAY2BGR) if preview.ndim == 2 else preview.copy()
         _draw(canvas, lines, (canvas.shape[1] / page_width, canvas.shape[0] / page_height))
-        ext, params = _ENCODINGS[fmt]
-        ok, data = cv2.imencode(ext, canvas, params)
+        ok, data = cv2.imencode(f".{fmt.suffix}", canvas, _ENCODER_PARAMS[fmt])
     except cv2.error as exc:
         raise PaperlaneError("cannot draw the annotated image", stage="store") from exc
     if not ok:
@@ -72,10 +73,15 @@ def _canvas_pixels(quads: list[list[Point]], scale: tuple[float, float]) -> list
 
 
 def _ints(points: np.ndarray) -> np.ndarray:
-    return np.rint(np.nan_to_num(points).clip(-1e6, 1e6)).astype(np.int32)
+    ints: np.ndarray = np.rint(np.nan_to_num(points).clip(-1e6, 1e6)).astype(np.int32)
+    return ints
 
 
-def format_of(data: bytes) -> ImageFormat | None:
-    """The format of an encoded annotated image, from its first bytes (None: not one of ours)."""
-    fmt = sniff(data[:HEAD])
-    return _OF_FORMAT.get(fmt) if fmt is not None else None
+def build_page(content: Content, number: int, spec: Format) -> bytes:
+    """Page ``number`` annotated on ``content.preview``, in the encoding ``spec`` registers (one format each)."""
+    result = content.result(number)
+    if content.preview is None or not isinstance(spec.key, ImageFormat):
+        raise UsageError("the annotated image is drawn on a page's preview, which only the worker has")
+    height, width = content.preview.shape[:2]
+    return annotate(content.preview, result.lines, page_width=result.width or width,
+                    page_height=result.height or height, fmt=spec.key)
