@@ -8,11 +8,12 @@ them, each group a region of its own. Then:
 
 1. Running heads (``header``) are read first and running feet and page numbers (``footer``) last, each kept
    with its kind; ``layout.margins = "omit"`` leaves them out of ``text`` (they stay in the lines and blocks).
-2. The other regions are cut recursively, XY-cut style, but columns first: where a blank vertical strip runs
-   through every region of the set, it is cut there into columns, read left to right (right to left on a
-   right-to-left page); where none does, it is cut into bands where a blank horizontal strip crosses the
-   set, read top to bottom; so a title or a figure across the columns ends the columns above it and starts
-   those below it. Regions overlap a little where the model's boxes are loose: a strip is blank when no
+2. The other regions are cut recursively, XY-cut style: into bands where a blank horizontal strip crosses the
+   set, read top to bottom, consecutive bands joined again while each splits into columns and together they
+   still do (columns run on through gaps that happen to line up); a set that is one such run is cut where a
+   blank vertical strip runs through every region of it into columns, read left to right (right to left on
+   a right-to-left page). So a title or a figure across the columns ends the columns above it and starts
+   those below it, and a footnote under the columns is read after them. Regions overlap a little where the model's boxes are loose: a strip is blank when no
    region reaches more than ``region_slack`` line heights into it. A set that neither cut separates is read
    by its regions' tops.
 3. Captions stay where they stand (next to what they caption, which the cuts keep together); a table's lines
@@ -83,7 +84,8 @@ def order_regions(lines: Sequence[Line], regions: Sequence[Found], *, page_size:
     first = sorted((p for p in parts if p.kind in _FIRST), key=lambda p: (p.box[1], p.box[0]))
     last = sorted((p for p in parts if p.kind in _LAST), key=lambda p: (p.box[1], p.box[0]))
     body = [p for p in parts if p.kind not in _FIRST | _LAST]
-    ordered = first + _Cut(settings.region_slack * unit, settings.min_column_width * unit, rtl).order(body) + last
+    cut = _Cut(settings.region_slack * unit, settings.min_column_width * unit, settings.paragraph_gap * unit, rtl)
+    ordered = first + cut.order(body) + last
     return _read(lines, ordered, page_size, settings)
 
 
@@ -166,17 +168,18 @@ def _by_text_and_quad(lines: Sequence[Line], idx: list[int], ordered: list[Line]
 class _Cut:
     slack: float
     min_width: float  # a column is at least this wide
+    paragraph_gap: float  # a blank at least this tall starts a new paragraph
     rtl: bool
 
     def order(self, parts: list[_Region]) -> list[_Region]:
         if len(parts) <= 1:
             return parts
-        columns = self._columns(parts)
-        if columns:
-            return [p for col in columns for p in self.order(col)]
         runs = self._runs(self._split(parts, axis=1))
         if len(runs) > 1:
             return [p for run in runs for p in self.order(run)]
+        columns = self._columns(parts)
+        if columns:
+            return [p for col in columns for p in self.order(col)]
         return sorted(parts, key=lambda p: (p.box[1], p.box[0]))
 
     def _columns(self, parts: list[_Region]) -> list[list[_Region]] | None:
@@ -188,16 +191,24 @@ class _Cut:
         return columns[::-1] if self.rtl else columns
 
     def _runs(self, bands: list[list[_Region]]) -> list[list[_Region]]:
-        """Consecutive bands joined while together they still split into columns and one of them did already:
-        the columns below a title across them run on through every gap where they happen to end a paragraph at
-        the same height (two bands of one region each, side by side only by chance, stay apart)."""
+        """Consecutive bands joined while together they still split into columns: the columns below a title
+        across them run on through every gap where they happen to end a paragraph at the same height. A band
+        that does not split into columns itself joins only when it is less than a paragraph gap below the run
+        (a column going on alone); one further down (a footnote, a closing paragraph under the columns) or two
+        bands of one region each, side by side only by chance, stay apart. The price, as in
+        ``paperlane.layout``: a column that runs on alone below its neighbour's end after a paragraph gap is
+        read after its neighbour."""
         runs: list[list[_Region]] = []
         for band in bands:
-            if runs and (self._columns(runs[-1]) or self._columns(band)) and self._columns(runs[-1] + band):
+            if runs and self._columns(runs[-1] + band) and (
+                    (self._columns(runs[-1]) and self._columns(band)) or self._near(runs[-1], band)):
                 runs[-1] = runs[-1] + band
             else:
                 runs.append(band)
         return runs
+
+    def _near(self, run: list[_Region], band: list[_Region]) -> bool:
+        return min(p.box[1] for p in band) - max(p.box[3] for p in run) < self.paragraph_gap
 
     def _split(self, parts: list[_Region], *, axis: int) -> list[list[_Region]]:
         """``parts`` cut at blank strips along ``axis`` (0: vertical strips, into columns; 1: into bands)."""

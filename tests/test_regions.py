@@ -221,3 +221,14 @@ def test_a_page_of_vertical_text_is_flagged_as_not_ordered() -> None:
     flagged = page(vertical).quality
     assert flagged is not None and QualityFlag.VERTICAL_TEXT in flagged.flags and flagged.needs_review
     assert QualityFlag.VERTICAL_TEXT not in (page(horizontal).quality or flagged).flags
+
+
+def test_a_footnote_narrower_than_a_column_is_read_after_both_columns() -> None:
+    a, b = _column("A", 100, 100, 480, 5), _column("B", 620, 100, 480, 5)
+    c, d = _column("C", 100, 300, 480, 4), _column("D", 620, 300, 480, 4)
+    note = [Line(text="Note", quad=_quad(100, 480, 420))]
+    regions = [Found("text", _box(g)) for g in (a, b, c, d, note)]
+
+    read, _ = _read([*a, *b, *c, *d, *note], regions)
+
+    assert read == _names(a, c, b, d, note)
