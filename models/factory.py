@@ -11,7 +11,8 @@ def build_engine(cfg: EngineSettings) -> Engine:
     if cfg.kind is EngineKind.RAPID:
         from paperlane.models.rapid import RapidEngine
 
-        return RapidEngine(max_side=cfg.rapid_max_side, min_confidence=cfg.min_confidence)
+        return RapidEngine(max_side=cfg.rapid_max_side, min_confidence=cfg.min_confidence,
+                           layout_model=cfg.layout_model)
     if cfg.kind is EngineKind.VLLM:
         from paperlane.models.vllm_server import VllmServerEngine
 

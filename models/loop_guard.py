@@ -216,7 +216,8 @@ class EmbeddedFallback:
                               original_height=req.image.original_height, pixels=pixels)
         with self._lock:
             if self._engine is None:
-                engine = RapidEngine(max_side=self._cfg.rapid_max_side, min_confidence=self._cfg.min_confidence)
+                engine = RapidEngine(max_side=self._cfg.rapid_max_side, min_confidence=self._cfg.min_confidence,
+                                     layout_model="off")  # a VLM's fallback page: its lines in geometric order
                 engine.start()
                 self._engine = engine
             [outcome] = self._engine.infer([EngineRequest(image=image, spec=TaskSpec(task=req.spec.task),

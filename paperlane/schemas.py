@@ -139,6 +139,9 @@ class BlockKind(str, Enum):
     HEADER = "header"  # a running head in the page's top margin
     FOOTER = "footer"  # a running foot or page number in the bottom margin
     TABLE = "table"
+    CAPTION = "caption"  # a figure's or a table's, beside it (found by a layout model)
+    PAGE_NUMBER = "page-number"  # a running foot that is only a number
+    OTHER = "other"  # text in a figure or a formula (found by a layout model)
 
 
 class Block(BaseModel):
@@ -176,6 +179,7 @@ class QualityFlag(str, Enum):
     TRUNCATED = "truncated"  # the answer hit the token limit
     EMPTY = "empty"  # nothing was read
     LOW_CONFIDENCE = "low_confidence"  # confidence under engine.min_confidence
+    VERTICAL_TEXT = "vertical_text"  # most lines run top to bottom (vertical CJK): their reading order is not handled
 
 
 class Quality(BaseModel):

