@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -49,7 +50,7 @@ def find_model() -> Path | None:
 
 
 class LayoutModel:
-    def __init__(self, session: object, labels: list[str], *, min_score: float, iou: float,
+    def __init__(self, session: Any, labels: list[str], *, min_score: float, iou: float,
                  path: Path | None = None) -> None:
         self.path = path
         self._session = session
@@ -73,7 +74,7 @@ class LayoutModel:
     def regions(self, image: np.ndarray) -> list[Region]:
         """The regions found on an image (BGR or grey, any size), best first within each kind."""
         h, w = image.shape[:2]
-        outputs = self._session.run(None, {"image": _input(image)})  # type: ignore[attr-defined]
+        outputs = self._session.run(None, {"image": _input(image)})
         scores, boxes = _decode(outputs)
         sx, sy = w / _SIZE[0], h / _SIZE[1]
         found: list[Region] = []

@@ -44,13 +44,13 @@ def in_flight(client: redis.Redis, *, since: float) -> set[str]:
     acknowledged. One received earlier and still un-acked is held by a worker that died before it started the page
     (a live one starts what it receives at once: prefetch 1): kombu gives it back only after its visibility timeout
     (an hour), so it does not count."""
-    tags: list[bytes] = list(client.zrangebyscore(keys.UNACKED_INDEX, since, "+inf"))  # type: ignore[arg-type]
+    tags: list[bytes] = list(client.zrangebyscore(keys.UNACKED_INDEX, since, "+inf"))  # type: ignore[arg-type]  # redis-py types the reply loosely
     if not tags:
         return set()
     found: set[str] = set()
     for value in client.hmget(keys.UNACKED, tags):
         try:
-            found.add(page_job_id(json.dumps(json.loads(value)[0]).encode()))  # type: ignore[arg-type]
+            found.add(page_job_id(json.dumps(json.loads(value)[0]).encode()))  # type: ignore[arg-type]  # None (acked since) raises, caught
         except (ValueError, IndexError, TypeError, BadMessage):
             continue  # acknowledged in between (None), or not a page's message
     return found

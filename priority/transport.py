@@ -203,6 +203,7 @@ class SentinelChannel(Channel, kombu_redis.SentinelChannel):
     """The same channel on a Redis found through its Sentinels (kombu's ``SentinelChannel``: every new connection
     asks them for the master, so a reconnect after a failover reaches the new one)."""
 
+    # kombu types the attribute as its own tuple's exact shape; the Sentinel options make it longer.
     from_transport_options = (*Channel.from_transport_options,  # type: ignore[assignment]
                               *(o for o in kombu_redis.SentinelChannel.from_transport_options
                                 if o not in Channel.from_transport_options))
@@ -212,4 +213,4 @@ class SentinelTransport(Transport):
     """``sentinel://host:26379;sentinel://...`` URLs, with ``master_name`` in the transport options."""
 
     Channel = SentinelChannel
-    default_port = 26379  # type: ignore[assignment]
+    default_port = 26379  # type: ignore[assignment]  # kombu declares it None on the base transport

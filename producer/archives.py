@@ -197,7 +197,7 @@ def _zip_entries(fh: IO[bytes], cap: int) -> int:
 def _zip_open(zf: zipfile.ZipFile, info: zipfile.ZipInfo, inflation: Inflation) -> IO[bytes]:
     if info.flag_bits & 0x1:
         raise Refused("encrypted zip member (password required)")
-    return _Counted(zf.open(info), inflation)  # type: ignore[return-value]
+    return _Counted(zf.open(info), inflation)  # type: ignore[return-value]  # a counting reader stands in for the file
 
 
 class _Counted:
