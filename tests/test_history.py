@@ -22,7 +22,7 @@ from paperlane.cli import app
 from paperlane.errors import PageNotFound
 from paperlane.producer.submit import SubmittedPage, submit_documents
 from paperlane.schemas import TaskSpec
-from paperlane.storage import history, ingests, timeids
+from paperlane.storage import history, ingests, status_reads, timeids
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import _MIGRATIONS, Database, utcnow
 from paperlane.storage.ingests import NewPage
@@ -183,9 +183,9 @@ def test_status_lookups_by_id_read_one_partition(pg: Database, tmp_path: Path) -
     with pg.engine.connect() as conn:
         conn.execute(sa.text("ANALYZE"))
     lookups = {
-        "page": lambda: ingests.get_page(pg, page.page_id),
-        "document": lambda: ingests.document_progress(pg, page.document_id),
-        "ingest": lambda: ingests.ingest_progress(pg, page.ingest_id),
+        "page": lambda: status_reads.get_page(pg, page.page_id),
+        "document": lambda: status_reads.document_progress(pg, page.document_id),
+        "ingest": lambda: status_reads.ingest_progress(pg, page.ingest_id),
         "job": lambda: jobstore.get_job(pg, page.job_id),
     }
     for kind, read in lookups.items():
@@ -227,8 +227,8 @@ def test_retention_makes_months_ahead_and_drops_finished_old_ones_only(pg: Datab
     assert f"pages_{month}" in [name for name, _ in ran.dropped]
     assert (f"jobs_{month}", "its jobs are used by pages of a newer month") in ran.kept
     with pytest.raises(PageNotFound):
-        ingests.get_page(pg, done[0].page_id)
-    _, progress, _ = ingests.ingest_progress(pg, done[0].ingest_id)  # its counts stay with the ingest
+        status_reads.get_page(pg, done[0].page_id)
+    _, progress, _ = status_reads.ingest_progress(pg, done[0].ingest_id)  # its counts stay with the ingest
     assert (progress.total, progress.succeeded) == (2, 2)
 
     with pg.session() as s:

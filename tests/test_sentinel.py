@@ -100,7 +100,7 @@ def _remove_by_hand(client: redis.Redis, job_ids: set[str]) -> None:
         for raw in client.lrange(key, 0, -1):
             if page_job_id(raw) in job_ids:
                 client.lrem(key, 1, raw)
-    for key in client.scan_iter(match=keys.fair(Lane.BATCH.value).ingest_prefix + "*"):
+    for key in client.keys(keys.fair(Lane.BATCH.value).ingest_prefix + "*"):
         for member in client.zrange(key, 0, -1):  # "<job id>\n<message>"
             if member.split(b"\n", 1)[0].decode() in job_ids:
                 client.zrem(key, member)

@@ -17,14 +17,13 @@ Create Date: 2026-12-04
 from __future__ import annotations
 
 import importlib
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.schema import SchemaItem
 
-from paperlane.status import JobStatus, state_sql, unpublished_sql
-from paperlane.storage import history
 
 revision = "0011"
 down_revision = "0010"
@@ -36,10 +35,44 @@ _VIEWS = ("review_queue", "ingest_status", "document_status", "page_status")
 _PK = {"jobs": "id", "pages": "id", "results": "job_id"}
 _AHEAD = 3  # months made after this one; ``paperlane db retention`` makes the later ones
 
+# As this migration was written (a migration must not change when the code does): storage.history's partition
+# layout and storage.timeids' bounds, paperlane.status's words.
+_SCHEMA = "paperlane_history"
+_RUNNING, _FAILED = "status = 'running'", "status = 'failed'"
+_UNPUBLISHED = "status = 'queued' AND enqueued_at IS NULL"
+
+
+def _floor(at: datetime) -> str:
+    """The lowest time-first id made at ``at`` or later: "ffff", the milliseconds in 12 hex digits, zeros."""
+    digits = f"ffff{int(at.timestamp() * 1000):012x}" + "0" * 16
+    return f"{digits[:8]}-{digits[8:12]}-{digits[12:16]}-{digits[16:20]}-{digits[20:32]}"
+
+
+def _add_months(month: datetime, n: int) -> datetime:
+    index = month.year * 12 + month.month - 1 + n
+    return month.replace(year=index // 12, month=index % 12 + 1)
+
+
+def _partition(bind: sa.Connection, table: str, name: str, lo: str | None, hi: str | None) -> None:
+    low, high = ("MINVALUE" if lo is None else f"'{lo}'"), ("MAXVALUE" if hi is None else f"'{hi}'")
+    bind.execute(sa.text(f"CREATE TABLE {_SCHEMA}.{table}_{name} PARTITION OF {table} FOR VALUES FROM ({low}) "
+                         f"TO ({high})"))
+
+
+def _create_layout(bind: sa.Connection, table: str, months: int) -> None:
+    """The partitions of a new partitioned ``table``: legacy below this month, ``months`` months from it, ahead."""
+    first = datetime.now(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    bind.execute(sa.text(f"CREATE SCHEMA IF NOT EXISTS {_SCHEMA}"))
+    _partition(bind, table, "legacy", None, _floor(first))
+    for n in range(months):
+        month = _add_months(first, n)
+        _partition(bind, table, f"p{month:%Y%m}", _floor(month), _floor(_add_months(month, 1)))
+    _partition(bind, table, "ahead", _floor(_add_months(first, months)), None)
+
 
 def _indexes(partitioned: bool) -> dict[str, list[tuple[str, list[str], str | None]]]:
     """Each table's indexes as (name, columns, partial predicate), as they are after (``partitioned``) or before."""
-    running, failed = state_sql("status", JobStatus.RUNNING), state_sql("status", JobStatus.FAILED)
+    running, failed = _RUNNING, _FAILED
     pages: list[tuple[str, list[str], str | None]] = [("ix_pages_job", ["job_id"], None),
                                                       ("ix_pages_ingest", ["ingest_id"], None)]
     if partitioned:
@@ -47,7 +80,7 @@ def _indexes(partitioned: bool) -> dict[str, list[tuple[str, list[str], str | No
     return {
         "jobs": [("ix_jobs_status_lane", ["status", "lane"], None),
                  ("ix_jobs_content_sha256", ["content_sha256"], None), ("ix_jobs_running", ["id"], running),
-                 ("ix_jobs_unpublished", ["id"], unpublished_sql("status", "enqueued_at")),
+                 ("ix_jobs_unpublished", ["id"], _UNPUBLISHED),
                  ("ix_jobs_failed", ["id"], failed), ("ix_jobs_review", ["id"], "needs_review")],
         "pages": pages,
         "results": [("ix_results_content_sha256", ["content_sha256"], None)],
@@ -82,7 +115,7 @@ def _rebuild(*, partitioned: bool) -> None:
         by: dict[str, Any] = {"postgresql_partition_by": f"RANGE ({pk})"} if pg and partitioned else {}
         op.create_table(table, *new, *_constraints(table, partitioned), **by)
         if pg and partitioned:
-            history.create_layout(bind, table, history.month_start(bind.scalar(sa.text("SELECT now()"))), _AHEAD + 1)
+            _create_layout(bind, table, _AHEAD + 1)
         names = ", ".join(c.name for c in columns)
         op.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM {table}_before")
     for table in ("pages", "results", "jobs"):
@@ -93,7 +126,7 @@ def _rebuild(*, partitioned: bool) -> None:
                                          {"postgresql_where": sa.text(where), "sqlite_where": sa.text(where)})
             op.create_index(name, table, cols, **predicate)
     if pg and not partitioned:
-        op.execute(f"DROP SCHEMA IF EXISTS {history.SCHEMA}")
+        op.execute(f"DROP SCHEMA IF EXISTS {_SCHEMA}")
     _V9.create_views()
 
 
