@@ -40,6 +40,8 @@ from tests.test_compose import argv as compose_argv
 from tests.test_compose import service as compose_service
 from tests.test_scheduling import Producer
 
+pytestmark = pytest.mark.processes  # kubectl kustomize renders the manifests: not in the fast tier
+
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "k8s"
 OVERLAYS = sorted(p.parent.name for p in (K8S / "overlays").glob("*/kustomization.yaml"))

@@ -24,6 +24,8 @@ from paperlane.settings import EngineSettings, WindowSettings
 from tests.pages import prepare, render_page, sample_lines
 from tests.sim_engine import SimEngine, start_sim_engine
 
+pytestmark = pytest.mark.processes  # the simulated vLLM server runs as a process of its own: not in the fast tier
+
 TARGET = WindowSettings().queue_target
 POLL = 0.3  # seconds between readings of /metrics in these tests (1 s by default)
 
