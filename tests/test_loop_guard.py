@@ -248,7 +248,9 @@ def test_a_worker_killed_mid_stream_frees_its_sequences_and_loses_no_page(
         ids = producer.submit(range(4), Lane.BATCH)
         vllm = ("--engine", "vllm", "--engine-url", engine.url)
         doomed = worker_factory(stack, *vllm, name="doomed")
-        engine.wait_for(lambda s: s["running"] >= 2 and s["tokens"]["completed"] == 0, timeout=60)
+        # Decoding begun (past prefill), so the answers the kill cuts have tokens to abandon.
+        engine.wait_for(lambda s: s["running"] >= 2 and s.get("decoded_tokens", 0) > 0
+                        and s["tokens"]["completed"] == 0, timeout=60)
         os.killpg(doomed.proc.pid, signal.SIGKILL)
         stats = engine.wait_for(lambda s: s["running"] == 0, timeout=2)  # the connections dropped: aborted at once
         assert stats["aborted"] >= 2 and stats["tokens"]["abandoned"] > 0
