@@ -59,19 +59,29 @@ def order_lines(lines: Sequence[Line], *, page_height: float | None = None,
 
     Lines without a usable quad leave the page as it came (the engine's order, no blocks).
     """
-    if not lines or not all(_usable(ln.quad) for ln in lines):
+    groups = line_groups(lines, page_height=page_height, settings=settings)
+    if groups is None:
         return list(lines), []
     boxes = [quad_box(ln.quad or []) for ln in lines]
-    unit = max(1.0, statistics.median(b[3] - b[1] for b in boxes))
-    cutter = _Cutter(boxes, unit, settings or LayoutSettings(), rtl=is_rtl(ln.text for ln in lines))
-    groups = cutter.order(list(range(len(lines))))
-    kinds = _margin_kinds(groups, boxes, unit, page_height, settings or LayoutSettings())
     ordered: list[Line] = []
     blocks: list[Block] = []
-    for number, (group, kind) in enumerate(zip(groups, kinds)):
-        blocks.append(Block(kind=kind, quad=box_quad(_union([boxes[i] for i in group]))))
+    for number, (kind, group) in enumerate(groups):
+        blocks.append(Block(kind=kind, quad=box_quad(union_box([boxes[i] for i in group]))))
         ordered += [lines[i].model_copy(update={"block": number}) for i in group]
     return ordered, blocks
+
+
+def line_groups(lines: Sequence[Line], *, page_height: float | None = None,
+                settings: LayoutSettings | None = None) -> list[tuple[BlockKind, list[int]]] | None:
+    """What ``order_lines`` orders, as indices: the blocks in reading order, each its kind and the indices in
+    ``lines`` of its lines in reading order; None when a line has no usable quad (or there are none)."""
+    if not lines or not all(_usable(ln.quad) for ln in lines):
+        return None
+    settings = settings or LayoutSettings()
+    boxes = [quad_box(ln.quad or []) for ln in lines]
+    unit = max(1.0, statistics.median(b[3] - b[1] for b in boxes))
+    groups = _Cutter(boxes, unit, settings, rtl=is_rtl(ln.text for ln in lines)).order(list(range(len(lines))))
+    return list(zip(_margin_kinds(groups, boxes, unit, page_height, settings), groups))
 
 
 def quad_box(quad: Sequence[Point]) -> Box:
@@ -105,7 +115,7 @@ def _usable(quad: Sequence[Point] | None) -> bool:
     return bool(quad) and len(quad or ()) == 4 and all(v == v and abs(v) < 1e7 for p in quad or () for v in p)
 
 
-def _union(boxes: Sequence[Box]) -> Box:
+def union_box(boxes: Sequence[Box]) -> Box:
     return min(b[0] for b in boxes), min(b[1] for b in boxes), max(b[2] for b in boxes), max(b[3] for b in boxes)
 
 
@@ -175,7 +185,7 @@ class _Cutter:
     def _is_column(self, part: list[int]) -> bool:
         """Whether ``part`` is a column of running text: wide enough, lines enough, and most of its lines in
         parts (once it is cut into its own runs and columns) that read as running text."""
-        x0, _, x1, _ = _union([self.boxes[i] for i in part])
+        x0, _, x1, _ = union_box([self.boxes[i] for i in part])
         if len(part) < self.settings.min_column_lines or x1 - x0 < self.settings.min_column_width * self.unit:
             return False
         running = sum(len(leaf) for leaf in self._leaves(part) if self._running(leaf))
@@ -186,7 +196,7 @@ class _Cutter:
         ``column_fill`` of the part's width (a strip of a form's labels and values side by side does not)."""
         if len(leaf) < 2:
             return True
-        x0, _, x1, _ = _union([self.boxes[i] for i in leaf])
+        x0, _, x1, _ = union_box([self.boxes[i] for i in leaf])
         widths = [self.boxes[i][2] - self.boxes[i][0] for i in leaf]
         return statistics.median(widths) >= self.settings.column_fill * (x1 - x0)
 
@@ -286,7 +296,7 @@ def _margin_kinds(groups: list[list[int]], boxes: list[Box], unit: float, page_h
     if not page_height or len(groups) < 2:
         return kinds
     band = settings.margin_band * page_height
-    extents = [_union([boxes[i] for i in group]) for group in groups]
+    extents = [union_box([boxes[i] for i in group]) for group in groups]
 
     def small(group: list[int]) -> bool:
         return len(group) <= 2 and all(boxes[i][3] - boxes[i][1] <= 1.3 * unit for i in group)

@@ -31,7 +31,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from paperlane.layout import Box, box_quad, is_rtl, order_lines, quad_box
+from paperlane.layout import Box, box_quad, is_rtl, line_groups, order_lines, quad_box, union_box
 from paperlane.schemas import Block, BlockKind, Line
 from paperlane.settings import LayoutSettings
 
@@ -94,7 +94,7 @@ def _unmixed(part: _Region, number: int, boxes: list[Box], owner: dict[int, int]
     model's boxes are loose and overlap: a region holding another's lines would be read around them); each
     piece's box is that of its lines."""
     mine = sorted(part.lines, key=lambda i: boxes[i][1])
-    box = _union([boxes[i] for i in mine])
+    box = union_box([boxes[i] for i in mine])
     foreign = sorted(_centre(boxes[j])[1] for j in range(len(boxes))
                      if owner[j] != number and _inside(_centre(boxes[j]), box))
     pieces: list[list[int]] = [[]]
@@ -103,7 +103,7 @@ def _unmixed(part: _Region, number: int, boxes: list[Box], owner: dict[int, int]
                               _centre(boxes[pieces[-1][-1]])[1] < y < _centre(boxes[i])[1] for y in foreign):
             pieces.append([])
         pieces[-1].append(i)
-    return [_Region(part.kind, _union([boxes[i] for i in piece]), piece) for piece in pieces]
+    return [_Region(part.kind, union_box([boxes[i] for i in piece]), piece) for piece in pieces]
 
 
 def _centre(b: Box) -> tuple[float, float]:
@@ -140,28 +140,13 @@ def _assign(boxes: list[Box], regions: Sequence[Found]) -> list[int | None]:
 
 def _orphans(lines: Sequence[Line], boxes: list[Box], placed: list[int | None], page_size: tuple[int, int],
              settings: LayoutSettings) -> list[_Region]:
-    """The lines in no region, grouped into blocks by the line-geometry order, each block a region."""
+    """The lines in no region, grouped into blocks as ``paperlane.layout`` groups them, each block a region."""
     idx = [i for i, p in enumerate(placed) if p is None]
     if not idx:
         return []
-    ordered, blocks = order_lines([lines[i].model_copy(update={"block": None}) for i in idx],
-                                  page_height=page_size[1], settings=settings)
-    groups: dict[int, list[int]] = {}
-    for original, ln in zip(_by_text_and_quad(lines, idx, ordered), ordered):
-        groups.setdefault(ln.block or 0, []).append(original)
-    out = []
-    for number, members in sorted(groups.items()):
-        kind = blocks[number].kind if number < len(blocks) else BlockKind.PARAGRAPH
-        out.append(_Region(kind, _union([boxes[i] for i in members]), members))
-    return out
-
-
-def _by_text_and_quad(lines: Sequence[Line], idx: list[int], ordered: list[Line]) -> list[int]:
-    """The index in ``lines`` of each of ``ordered`` (copies of ``lines[idx]``), matched by text and quad."""
-    free: dict[tuple[str, tuple[tuple[float, ...], ...]], list[int]] = {}
-    for i in idx:
-        free.setdefault((lines[i].text, tuple(map(tuple, lines[i].quad or []))), []).append(i)
-    return [free[(ln.text, tuple(map(tuple, ln.quad or [])))].pop(0) for ln in ordered]
+    groups = (line_groups([lines[i] for i in idx], page_height=page_size[1], settings=settings)
+              or [(BlockKind.PARAGRAPH, list(range(len(idx))))])
+    return [_Region(kind, union_box([boxes[idx[k]] for k in group]), [idx[k] for k in group]) for kind, group in groups]
 
 
 @dataclass
@@ -241,10 +226,6 @@ def _read(lines: Sequence[Line], parts: list[_Region], page_size: tuple[int, int
 
 def _width(parts: list[_Region]) -> float:
     return max(p.box[2] for p in parts) - min(p.box[0] for p in parts)
-
-
-def _union(boxes: Sequence[Box]) -> Box:
-    return min(b[0] for b in boxes), min(b[1] for b in boxes), max(b[2] for b in boxes), max(b[3] for b in boxes)
 
 
 def _overlap(a: Box, b: Box) -> float:
