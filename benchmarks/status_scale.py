@@ -11,6 +11,9 @@ ANALYZE of a page's lookup (the partitions it reads) and, at the end, a retentio
 the first month once its work is finished.
 
 Last line: ``status_p99_ms=<the worst kind's p99>`` (target <= 5); each kind's p50/p99 and the retention run above it.
+
+``--database-url URL --keep``: load into that database (created when missing) and keep it, so a later run in the
+same month (without --keep: the retention run then ends it) measures the same 10M pages again on a quieter machine.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import psycopg2
 from common import start_services, write_config
 from sqlalchemy import event, text
 
@@ -171,13 +175,80 @@ def _retention_run(db: Database, ms: list[int]) -> None:
     print(f"retention run: {time.perf_counter() - t0:.1f}s")
 
 
+def _loaded(db: Database, *, pages: int, months: int) -> bool:
+    """Whether the database already holds this load (a kept one, --keep): as many jobs and ingests as asked."""
+    with db.engine.connect() as conn:
+        jobs = conn.execute(text("SELECT count(*) FROM jobs")).scalar_one()
+        opened = conn.execute(text("SELECT count(*) FROM ingests")).scalar_one()
+    return (jobs, opened) == (pages, months)
+
+
+def _load(db: Database, args: argparse.Namespace, ms: list[int]) -> None:
+    if _loaded(db, pages=args.pages, months=args.months):
+        print(f"reusing the {args.pages} pages over {args.months} monthly partitions loaded before (--keep)")
+        return
+    t0 = time.perf_counter()
+    with db.engine.begin() as conn:
+        conn.execute(text(_TID))
+        for stmt in filter(str.strip, _LOAD.split(";")):
+            conn.execute(text(stmt), {"pages": args.pages, "per": args.doc_pages, "docs": args.pages // args.doc_pages,
+                                      "ingests": args.months, "ms": ms})
+    print(f"loaded {args.pages} pages over {args.months} monthly partitions in {time.perf_counter() - t0:.0f}s")
+
+
+def _measure(db: Database, args: argparse.Namespace, month: datetime) -> None:
+    ms = [int((history.add_months(month, k) + timedelta(hours=1)).timestamp() * 1000) for k in range(args.months)]
+    ids = _Ids(ms, per=args.doc_pages)
+    _load(db, args, ms)
+    print(_explain_page_lookup(db, ids.page(args.pages // 2)))
+    rng = random.Random(1)
+    worst = 0.0
+    for who, tenant in (("cli", lambda i: None), ("api", lambda i: f"t{i % 3}")):
+        for kind, fn in _lookups(db, rng, ids, docs=args.pages // args.doc_pages, pages=args.pages,
+                                 tenant=tenant).items():
+            _timed(fn, 50)  # warm the pool and the caches
+            p50, p99 = _timed(fn, args.lookups)
+            worst = max(worst, p99)
+            print(f"{who} {kind:<9} p50 {p50:.2f} ms  p99 {p99:.2f} ms")
+    if args.keep:
+        print("retention run: skipped (--keep: the load stays as it is for the next run)")
+    else:
+        _retention_run(db, ms)
+    print(f"status_p99_ms={worst:.2f}")
+
+
+def _kept_database(url: str, month: datetime) -> Database:
+    """The PostgreSQL database at ``url``, created (and migrated, its months made) when it is not there yet."""
+    base, name = url.rsplit("/", 1)
+    admin = psycopg2.connect(base.replace("postgresql+psycopg2", "postgresql") + "/postgres")
+    admin.autocommit = True
+    cur = admin.cursor()
+    cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
+    if cur.fetchone() is None:
+        cur.execute(f'CREATE DATABASE "{name}"')
+    admin.close()
+    db = Database(url)
+    db.upgrade()
+    history.retain(db, keep_days=None, now=month, ahead=11)
+    return db
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pages", type=int, default=1_000_000)
     ap.add_argument("--doc-pages", type=int, default=10)
     ap.add_argument("--months", type=int, default=12, help="monthly partitions the pages are spread over")
     ap.add_argument("--lookups", type=int, default=1000)
+    ap.add_argument("--database-url", help="load into this PostgreSQL database (created if missing) instead of a "
+                    "private server; with --keep a later run reuses its load (10M pages take long to load)")
+    ap.add_argument("--keep", action="store_true", help="leave the load as it is: no retention run at the end")
     args = ap.parse_args()
+    if args.months > 12:
+        ap.error("--months: at most 12 (the months made ahead)")
+    if args.database_url:
+        month = history.month_start(datetime.now(UTC))  # ids are made from it: reuse a kept load within its month
+        _measure(_kept_database(args.database_url, month), args, month)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         svc = start_services(root)
@@ -185,29 +256,7 @@ def main() -> None:
             db = Database(load_settings(write_config(svc, root)).database_url)
             db.upgrade()
             history.retain(db, keep_days=None, ahead=args.months - 1)
-            month = history.month_start(datetime.now(UTC))
-            ms = [int((history.add_months(month, k) + timedelta(hours=1)).timestamp() * 1000)
-                  for k in range(args.months)]
-            ids = _Ids(ms, per=args.doc_pages)
-            docs = args.pages // args.doc_pages
-            t0 = time.perf_counter()
-            with db.engine.begin() as conn:
-                conn.execute(text(_TID))
-                for stmt in filter(str.strip, _LOAD.split(";")):
-                    conn.execute(text(stmt), {"pages": args.pages, "per": args.doc_pages, "docs": docs,
-                                              "ingests": args.months, "ms": ms})
-            print(f"loaded {args.pages} pages over {args.months} monthly partitions in {time.perf_counter() - t0:.0f}s")
-            print(_explain_page_lookup(db, ids.page(args.pages // 2)))
-            rng = random.Random(1)
-            worst = 0.0
-            for who, tenant in (("cli", lambda i: None), ("api", lambda i: f"t{i % 3}")):
-                for kind, fn in _lookups(db, rng, ids, docs=docs, pages=args.pages, tenant=tenant).items():
-                    _timed(fn, 50)  # warm the pool and the caches
-                    p50, p99 = _timed(fn, args.lookups)
-                    worst = max(worst, p99)
-                    print(f"{who} {kind:<9} p50 {p50:.2f} ms  p99 {p99:.2f} ms")
-            _retention_run(db, ms)
-            print(f"status_p99_ms={worst:.2f}")
+            _measure(db, args, history.month_start(datetime.now(UTC)))
         finally:
             svc.stop()
 
