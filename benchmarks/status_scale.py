@@ -2,13 +2,17 @@
 
 Loads --pages pages (--months ingests, one opened in each of --months monthly partitions, of documents of
 --doc-pages pages each, one job per page, ids made as paperlane makes them (storage.timeids); 0.5% of
-jobs failed with one of a few reasons, a few hundred running, the rest split between succeeded and
+jobs failed with one of a few reasons, about 300 running, the rest split between succeeded and
 queued) straight into a real PostgreSQL with SQL (generate_series), counts included as the
 registration keeps them, then times --lookups random lookups of each kind through paperlane's own
 status functions, as ``paperlane status`` calls them (no tenant) and as the API calls them (narrowed to the
 caller's tenant: the ingests' join included), view built: a page, a document, an ingest. Prints the EXPLAIN
 ANALYZE of a page's lookup (the partitions it reads) and, at the end, a retention run (storage.history) that drops
 the first month once its work is finished.
+
+The pages running are as many as a fleet has in flight (about 300, spread over the ingests), not a share of the
+history: a document's or an ingest's lookup counts its running pages among all the running jobs (a partial
+index), so its cost grows with the pages in flight fleet-wide, not with the history's size.
 
 Last line: ``status_p99_ms=<the worst kind's p99>`` (target <= 5); each kind's p50/p99 and the retention run above it.
 
@@ -56,7 +60,8 @@ INSERT INTO jobs (id, job_key, content_sha256, source, page, lane, priority, tas
                   error, created_at, enqueued_at, updated_at)
 SELECT pg_temp.tid((:ms)[(n / :per) % :ingests + 1] + 1000, 'j' || n), md5(n::text) || md5((n + 1)::text),
        md5(n::text), 'doc' || (n / :per), n % :per + 1, 'batch', 5, 'spotting', '{}',
-       CASE WHEN n % 200 = 7 THEN 'failed' WHEN n % 3000 = 11 THEN 'running' WHEN n % 2 = 0 THEN 'succeeded'
+       CASE WHEN n % 200 = 7 THEN 'failed' WHEN n % GREATEST(:pages / 300, 1) = 11 THEN 'running'
+            WHEN n % 2 = 0 THEN 'succeeded'
             ELSE 'queued' END, 1,
        CASE WHEN n % 200 = 7 THEN (ARRAY['cannot decode this image', 'engine refused the page',
                                          'file too large'])[n % 3 + 1] END,
@@ -72,7 +77,8 @@ SELECT pg_temp.tid(ms, 'p' || n), pg_temp.tid(ms, 'd' || (n / :per)), pg_temp.ti
 FROM (SELECT n, (:ms)[(n / :per) % :ingests + 1] AS ms FROM generate_series(0, :pages - 1) n) x;
 CREATE TEMP TABLE outcome AS  -- page n's job's status, as the jobs were loaded: counted without a 2-table join
 SELECT n / :per AS d, (n / :per) % :ingests AS i,
-       CASE WHEN n % 200 = 7 THEN 'failed' WHEN n % 3000 = 11 THEN 'running' WHEN n % 2 = 0 THEN 'succeeded'
+       CASE WHEN n % 200 = 7 THEN 'failed' WHEN n % GREATEST(:pages / 300, 1) = 11 THEN 'running'
+            WHEN n % 2 = 0 THEN 'succeeded'
             ELSE 'queued' END AS status,
        (ARRAY['cannot decode this image', 'engine refused the page', 'file too large'])[n % 3 + 1] AS reason
 FROM generate_series(0, :pages - 1) n;

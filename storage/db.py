@@ -48,6 +48,17 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: object) -> None:  # the DBAPI conn
     cur.close()
 
 
+def _serial_plans(dbapi_conn: Any, _record: object) -> None:  # psycopg2's connection: untyped
+    """No parallel plans: paperlane's statements are lookups by key that finish in a millisecond, and PostgreSQL
+    plans a status count over a big ingest in parallel, whose workers take 5-15 ms to start on a busy host
+    (benchmarks/status_scale.py: an ingest's lookup at 10M pages, 0.2 ms of work in 14 ms)."""
+    autocommit, dbapi_conn.autocommit = dbapi_conn.autocommit, True  # a rollback of the first use must not undo it
+    cur = dbapi_conn.cursor()
+    cur.execute("SET max_parallel_workers_per_gather = 0")
+    cur.close()
+    dbapi_conn.autocommit = autocommit
+
+
 class Database:
     """A connection pool and session factory for one database URL."""
 
@@ -61,6 +72,7 @@ class Database:
             event.listen(self.engine, "connect", _sqlite_pragmas)
         else:
             self.engine = create_engine(url, echo=echo, pool_size=pool_size, pool_pre_ping=True)
+            event.listen(self.engine, "connect", _serial_plans)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     def upgrade(self) -> None:

@@ -197,6 +197,20 @@ def test_status_lookups_by_id_read_one_partition(pg: Database, tmp_path: Path) -
         assert len(history.months(conn, "pages")) >= 12
 
 
+def test_connections_never_plan_in_parallel_even_after_a_rolled_back_first_use(pg: Database) -> None:
+    """A status count over a big ingest was planned in parallel: 0.2 ms of work behind 5-15 ms of starting
+    workers (benchmarks/status_scale.py at 10M pages). The setting holds on every pooled connection."""
+    fresh = Database(pg.url, pool_size=1)
+    try:
+        with fresh.session() as s:  # the first use of the only connection, rolled back
+            s.execute(sa.text("SELECT 1"))
+            s.rollback()
+        with fresh.engine.connect() as conn:
+            assert conn.execute(sa.text("SHOW max_parallel_workers_per_gather")).scalar_one() == "0"
+    finally:
+        fresh.engine.dispose()
+
+
 def test_retention_makes_months_ahead_and_drops_finished_old_ones_only(pg: Database, tmp_path: Path) -> None:
     now = utcnow()
     far = timeids.mint(now + timedelta(days=200))  # past the months the migration made: lands ahead, moved later
