@@ -78,3 +78,44 @@ def test_paperlane_run_copies_outputs_written_on_the_pools(runtime_factory, tmp_
     for name in ("p0", "p1"):  # written by the time the run returns
         assert {p.name for p in (tmp_path / "out").glob(f"{name}.*")} >= {
             f"{name}.json", f"{name}.md", f"{name}.pdf", f"{name}.annotated.jpg"}
+
+
+@pytest.mark.slow
+def test_two_feeders_share_one_server_and_every_page_finishes_once(stack_factory, worker_factory,
+                                                                   tmp_path: Path) -> None:
+    from paperlane.priority.lanes import Lane
+    from tests.conftest import until
+    from tests.sim_engine import start_sim_engine
+    from tests.test_scheduling import Producer
+
+    # A few slots each, so that neither feeder can hold every page at once.
+    stack = stack_factory(WORKER__FEEDERS="2", WORKER__PREPROCESS_PROCESSES="1", WORKER__URGENT_PROCESSES="1",
+                          WORKER__OUTPUT_PROCESSES="1", WORKER__SLOTS="6")
+    engine = start_sim_engine(tmp_path / "engine", slots=4, latency=0.3)
+    try:
+        worker = worker_factory(stack, "--engine", "vllm", "--engine-url", engine.url)
+        until(lambda: worker.output().count("ready.") == 2, timeout=120)  # both feeders consume
+        producer = Producer(stack)
+        ids = producer.submit(range(40), Lane.BATCH)
+        rows = producer.wait(ids, timeout=180)
+        assert {row.status for row in rows.values()} == {"succeeded"}
+        assert len({row.worker for row in rows.values()}) == 2  # both feeding processes took pages
+        stats = engine.stats()
+        # Each page reached the server's queue once and was answered once (a refused request never reaches it).
+        assert sorted(stats["per_image"].values()) == [1] * len(ids) and stats["completed"] == len(ids)
+        assert worker.alive()
+    finally:
+        engine.stop()
+
+
+def test_the_default_number_of_feeders_follows_the_hosts_cpus() -> None:
+    from paperlane.settings import Settings
+    from paperlane.workers.feeders import feeder_count, feeder_settings
+
+    settings = Settings()
+    assert [feeder_count(settings, cpus) for cpus in (2, 8, 16, 31, 64, 256)] == [1, 1, 2, 3, 4, 4]
+    assert feeder_count(settings.model_copy(update={"worker": settings.worker.model_copy(update={"feeders": 3})}),
+                        2) == 3
+    second = feeder_settings(settings.model_copy(update={"metrics": settings.metrics.model_copy(
+        update={"port": 9100})}), 1, 2, cpus=16)
+    assert second.worker.preprocess_processes == 7 and second.metrics.port == 9101  # half the CPUs, less its own
