@@ -119,3 +119,20 @@ def test_the_default_number_of_feeders_follows_the_hosts_cpus() -> None:
     second = feeder_settings(settings.model_copy(update={"metrics": settings.metrics.model_copy(
         update={"port": 9100})}), 1, 2, cpus=16)
     assert second.worker.preprocess_processes == 7 and second.metrics.port == 9101  # half the CPUs, less its own
+
+
+def test_a_pool_runs_tasks_marked_first_before_those_waiting_in_turn() -> None:
+    import time
+
+    from paperlane.workers.bounded import BoundedPool
+
+    pool = BoundedPool(1, name="order", memory_bytes=0, timeout=30)
+    try:
+        busy = pool.submit(time.sleep, 0.5)  # holds the one process while the others queue
+        in_turn = [pool.submit(time.monotonic) for _ in range(2)]
+        first = pool.submit(time.monotonic, first=True)  # a page's objects: before pages still to be prepared
+        busy.result(timeout=30)
+        assert first.result(timeout=30) < min(f.result(timeout=30) for f in in_turn)
+        assert in_turn[0].result() < in_turn[1].result()  # each kind in the order submitted
+    finally:
+        pool.close()

@@ -260,7 +260,8 @@ class CpuPool:
                                                             timings=timings, image_back=image_back)
         bounded = self._urgent if urgent else self._pool
         assert bounded is not None
-        return _mapped(bounded.submit(_store_in_process, result, preview, fmt, timings, image_back),
+        # First: a page stored frees its slot, and its objects wait behind no page still to be prepared.
+        return _mapped(bounded.submit(_store_in_process, result, preview, fmt, timings, image_back, first=True),
                        partial(_stored_failure, self._settings), time.perf_counter())
 
     @property
