@@ -16,7 +16,7 @@ printed beside it.
 Default: a real ``paperlane worker`` (Celery on Redis, Postgres, SeaweedFS S3, its CPU pool), all
 services on this machine. --pages A4 300 dpi scans are queued first (untimed); the clock runs from
 the worker being ready to the last page stored. CPU is the worker's process group (the worker and
-its pool) over the same window: everything spent outside the engine, from fetching the original
+its pools) over the same window: everything spent outside the engine, from fetching the original
 to the stored result (target: 40 ms per page).
 
 --embedded: the same scans in a folder, processed by ``paperlane run DIR --engine vllm`` on the
@@ -28,6 +28,10 @@ a 20+ s window) and includes the last page's post-processing and writing. CPU is
 process tree from its launch to its exit, from the first byte read: start-up, reading and registering
 every input, storing originals, and the document outputs included (``cpu_ms_per_page`` divides it by the
 pages).
+
+CPU per page is printed by process for both: the main process (the one that feeds the engine: a worker's from
+ready to the last page stored, the run's from its launch to its last reading, 0.1 s at most before it exits), the
+pools (preprocessing, a page's stored objects, document outputs: the rest of the group) and the group.
 
 The window (the requests paperlane keeps at the server, models/window.py: it follows the server's /metrics)
 is printed over time from the run's log: min, median, max and a few samples.
@@ -198,8 +202,7 @@ def run_worker(args: argparse.Namespace, root: Path, pages: Iterator[bytes], sim
         svc.stop()
     main_s = end.cpu.get(worker.pid, 0.0) - start.cpu.get(worker.pid, 0.0)
     total_s = sum(end.cpu.values()) - sum(start.cpu.values())
-    print(f"worker CPU per page: main process {main_s * 1000 / len(ids):.1f} ms, "
-          f"pool {(total_s - main_s) * 1000 / len(ids):.1f} ms")
+    _print_cpu_by_process("worker", main_s, total_s, len(ids))
     return _window(len(ids), failed, start, end, sim)
 
 
@@ -221,8 +224,7 @@ def run_embedded(args: argparse.Namespace, root: Path, pages: Iterator[bytes], s
                 raise RuntimeError(f"paperlane run exited early:\n{(root / 'paperlane.log').read_text()[-3000:]}")
             time.sleep(0.05)
         start = Probe.read(proc.pid, sim)
-        # wait4, not wait: the rusage of the run process includes its pool, which it reaped at exit.
-        _, status, usage = os.wait4(proc.pid, 0)
+        main_s, status, usage = _wait_reading_own_cpu(proc.pid)
         proc.returncode = os.waitstatus_to_exitcode(status)
     finally:
         stop(proc)
@@ -235,7 +237,31 @@ def run_embedded(args: argparse.Namespace, root: Path, pages: Iterator[bytes], s
                 process_cpu_seconds(sim.pid), machine_cpu())
     start.at = first
     start.cpu = {}  # the run's CPU counts from its launch: wait4's rusage is its whole tree's since then
+    _print_cpu_by_process("paperlane run", main_s, end.cpu[proc.pid], len(results))
     return _window(len(results), sum(r["status"] == "failed" for r in results), start, end, sim)
+
+
+def _wait_reading_own_cpu(pid: int) -> tuple[float, int, Any]:
+    """Wait for the run to exit; its main process's own CPU seconds (read from /proc every 0.1 s until it exits:
+    the last reading, at most 0.1 s before its exit), its wait status and rusage. wait4, not wait: the rusage of the
+    run process includes its pools' processes, which it reaped at exit."""
+    own = 0.0
+    while True:
+        done, status, usage = os.wait4(pid, os.WNOHANG)
+        if done:
+            return own, status, usage
+        try:
+            own = process_cpu_seconds(pid)
+        except OSError:
+            pass
+        time.sleep(0.1)
+
+
+def _print_cpu_by_process(path: str, main_s: float, group_s: float, pages: int) -> None:
+    """CPU per page by process: the one that feeds the engine (main), the rest of its process group (the pools:
+    preprocessing, storing objects, document outputs), and the group."""
+    print(f"{path} CPU per page: main process {main_s * 1000 / pages:.1f} ms, pools {(group_s - main_s) * 1000 / pages:.1f}"
+          f" ms, group {group_s * 1000 / pages:.1f} ms")
 
 
 def _window(pages: int, failed: int, start: Probe, end: Probe, sim: SimEngine) -> Window:

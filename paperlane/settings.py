@@ -232,6 +232,13 @@ class WorkerSettings(BaseModel):
     render_timeout: float = Field(60.0, gt=0, description="seconds of CPU one page's preparation may use (and three "
                                   "times that in all, waiting included): past it its process is killed and "
                                   "replaced, and the page fails")
+    feeders: int | None = Field(None, ge=1, description="feeding processes `paperlane worker` runs, sharing one "
+                                "engine server (each a whole worker with its share of the CPUs); unset: one per 8 "
+                                "usable CPUs, 1 to 4 (workers.feeders)")
+    output_processes: int | None = Field(None, ge=0, description="processes that build finished documents' outputs "
+                                         "(searchable PDF, markdown, JSON, XML), so the process feeding the engine "
+                                         "does not; unset: 1, or 0 when preprocess_processes is 0; 0 builds them on "
+                                         "a thread of the worker process")
     urgent_processes: int = Field(2, ge=1, description="processes that prepare interactive pages only, so they "
                                   "never queue behind the backlog's (bounded like the pool's)")
     annotated_format: ImageFormat = Field(ImageFormat.JPEG, description="the annotated image: jpeg (cheapest), "

@@ -21,6 +21,7 @@ loaded). Results and arguments are pickled through one pipe per process.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import multiprocessing
 import os
@@ -38,6 +39,8 @@ from typing import Any
 from paperlane.workers.cpus import process_cpu_seconds
 
 log = logging.getLogger(__name__)
+
+_Task = tuple[Callable[..., Any], tuple[Any, ...], Future[Any]]
 
 _START_TIMEOUT = 120.0  # seconds a new process may take to import and initialise
 WALL_FACTOR = 3.0  # a task's wall-clock limit, in multiples of its CPU limit
@@ -98,7 +101,10 @@ class BoundedPool:
         self._ctx = multiprocessing.get_context("spawn")
         self._name, self._memory, self._timeout = name, memory_bytes, timeout
         self._init, self._initargs = initializer, initargs
-        self._tasks: queue.Queue[tuple[Callable[..., Any], tuple[Any, ...], Future[Any]] | None] = queue.Queue()
+        # (0: first, 1: in turn, 2: stop; the order submitted; the task or None): tasks marked first go before
+        # those waiting in turn, each kind in the order submitted.
+        self._tasks: queue.PriorityQueue[tuple[int, int, _Task | None]] = queue.PriorityQueue()
+        self._order = itertools.count()
         self._closed = False
         self.replaced = 0  # processes killed or found dead, and replaced
         self._count = threading.Lock()
@@ -123,18 +129,20 @@ class BoundedPool:
             raise RuntimeError(f"{self._name}: a new process did not start")
         return proc, conn
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
-        """Run ``fn(*args)`` (a module-level function; arguments and result pickled) in a process of the pool."""
+    def submit(self, fn: Callable[..., Any], *args: Any, first: bool = False) -> Future[Any]:
+        """Run ``fn(*args)`` (a module-level function; arguments and result pickled) in a process of the pool;
+        ``first``: before the tasks waiting that were not (work that finishes something before work that starts
+        something)."""
         if self._closed:
             raise RuntimeError(f"{self._name} is closed")
         future: Future[Any] = Future()
-        self._tasks.put((fn, args, future))
+        self._tasks.put((0 if first else 1, next(self._order), (fn, args, future)))
         return future
 
     def _drive(self, proc_conn: tuple[BaseProcess, Connection]) -> None:
         proc, conn = proc_conn
         while True:
-            task = self._tasks.get()
+            _, _, task = self._tasks.get()
             if task is None:
                 _stop(proc, conn)
                 return
@@ -201,13 +209,13 @@ class BoundedPool:
         self._closed = True
         while True:
             try:
-                task = self._tasks.get_nowait()
+                _, _, task = self._tasks.get_nowait()
             except queue.Empty:
                 break
             if task is not None:
                 task[2].cancel()
         for _ in self._threads:
-            self._tasks.put(None)
+            self._tasks.put((2, next(self._order), None))
         for thread in self._threads:
             thread.join()
 

@@ -29,20 +29,29 @@ import logging
 import os
 import time
 import traceback
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
+from typing import TypeVar
+
+import numpy as np
 
 from paperlane.errors import INTERNAL_REASON, OutOfMemory, OverLimit, PaperlaneError
 from paperlane.models.engine import InputSpec
-from paperlane.settings import Settings
+from paperlane.schemas import PageResult
+from paperlane.settings import ImageFormat, Settings
 from paperlane.storage.objects import ObjectStore, open_store
 from paperlane.workers.bounded import BoundedPool, ProcessDied, TaskFailed, TaskTimedOut
 from paperlane.workers.cpus import WORKER_OWN_CPUS, available_cpus, pool_processes
 from paperlane.workers.doccache import OpenDocuments, Source, Spool, read_whole, spooled_kind
 from paperlane.workers.input_limits import Limits
+from paperlane.workers.page_store import Stored, store_objects
 from paperlane.workers.preprocess import PreparedPage, prepare_page
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _store: ObjectStore | None = None
 _documents: OpenDocuments | None = None
@@ -137,21 +146,37 @@ def _prepare_key(key: str, page_number: int, spec: InputSpec, limits: Limits, pr
                         traceback.format_exc())
 
 
+def _store_in_process(result: PageResult, preview: np.ndarray | None, fmt: ImageFormat, timings: dict[str, float],
+                      image_back: bool) -> Stored:
+    """``page_store.store_objects`` with this pool process's store client."""
+    assert _store is not None, "pool process not initialised"
+    return store_objects(_store, result, preview, fmt=fmt, timings=timings, image_back=image_back)
+
+
 def _over_memory() -> OverLimit:
     return OverLimit(f"preparing this page needs more memory than a worker gives one page "
                      f"({_memory_limit / 2**20:.0f} MiB)", stage="preprocess")
 
 
-def _failed_in_process(exc: BaseException, settings: Settings) -> PaperlaneError:
-    """What a page's row says when the process preparing it was killed or died (``workers.bounded``)."""
-    cfg = settings.worker
+def _failed_in_process(exc: BaseException, settings: Settings, *, verb: str = "prepare",
+                       stage: str = "preprocess") -> PaperlaneError:
+    """What a page's row says when the process set to ``verb`` it (prepare it; store its objects, drawing its
+    annotated image) was killed or died (``workers.bounded``)."""
+    cfg, doing = settings.worker, f"{verb[:-1]}ing"
     if isinstance(exc, TaskTimedOut):
-        return OverLimit(f"preparing this page took longer than a worker gives one page: it {exc}",
-                         stage="preprocess")
+        return OverLimit(f"{doing} this page took longer than a worker gives one page: it {exc}", stage=stage)
     if isinstance(exc, ProcessDied) and exc.exitcode == -9:  # not ours: the kernel's OOM killer
-        return OutOfMemory("not enough memory to prepare this page (its process was killed)", stage="preprocess")
-    return OverLimit(f"preparing this page crashed its process or needed more memory than a worker gives one page "
-                     f"({cfg.render_memory_bytes / 2**20:.0f} MiB); {exc}", stage="preprocess")
+        return OutOfMemory(f"not enough memory to {verb} this page (its process was killed)", stage=stage)
+    return OverLimit(f"{doing} this page crashed its process or needed more memory than a worker gives one page "
+                     f"({cfg.render_memory_bytes / 2**20:.0f} MiB); {exc}", stage=stage)
+
+
+def _prepare_failure(settings: Settings, exc: TaskFailed, seconds: float) -> Prepared:
+    return Prepared(None, _failed_in_process(exc, settings), seconds)
+
+
+def _stored_failure(settings: Settings, exc: TaskFailed, seconds: float) -> Stored:
+    return Stored(None, seconds=seconds, error=_failed_in_process(exc, settings, verb="store", stage="store"))
 
 
 class CpuPool:
@@ -208,7 +233,7 @@ class CpuPool:
             else:
                 bounded = self._urgent if urgent else self._pool
                 assert bounded is not None
-                future = _mapped(bounded.submit(_prepare_key, *args), self._settings, t0)
+                future = _mapped(bounded.submit(_prepare_key, *args), partial(_prepare_failure, self._settings), t0)
         except PaperlaneError as exc:  # the store, while spooling
             if spool is not None:
                 spool.release(key)
@@ -222,6 +247,22 @@ class CpuPool:
         if spool is not None:
             future.add_done_callback(lambda _: spool.release(key))
         return future
+
+    def store(self, result: PageResult, preview: np.ndarray | None, *, timings: dict[str, float],
+              urgent: bool = False, image_back: bool = False) -> Future[Stored]:
+        """Store a page's objects (``page_store.store_objects``: its annotated image drawn on ``preview``, its
+        JSON) on the pool, or the processes for interactive pages when ``urgent``, so the process feeding the
+        engine neither draws nor serialises. The future's result is a ``Stored``, whatever happened (a page
+        whose process died: an OverLimit); it fails only when the pool is closed under it (cancelled)."""
+        fmt = self._settings.worker.annotated_format
+        if self._threads is not None:
+            return self._threads[1 if urgent else 0].submit(store_objects, self._store, result, preview, fmt=fmt,
+                                                            timings=timings, image_back=image_back)
+        bounded = self._urgent if urgent else self._pool
+        assert bounded is not None
+        # First: a page stored frees its slot, and its objects wait behind no page still to be prepared.
+        return _mapped(bounded.submit(_store_in_process, result, preview, fmt, timings, image_back, first=True),
+                       partial(_stored_failure, self._settings), time.perf_counter())
 
     @property
     def replaced(self) -> int:
@@ -244,18 +285,19 @@ class CpuPool:
             self._spool.close()
 
 
-def _mapped(inner: Future[Prepared], settings: Settings, t0: float) -> Future[Prepared]:
-    """A future of ``inner``'s Prepared, or of the page's failure when its process was killed or died."""
-    outer: Future[Prepared] = Future()
+def _mapped(inner: Future[T], failure: Callable[[TaskFailed, float], T], t0: float) -> Future[T]:
+    """A future of ``inner``'s result, or of ``failure``'s (the exception, the seconds since ``t0``) when its
+    process was killed or died."""
+    outer: Future[T] = Future()
 
-    def done(fut: Future[Prepared]) -> None:
+    def done(fut: Future[T]) -> None:
         if fut.cancelled():
             outer.cancel()
             outer.set_running_or_notify_cancel()
             return
         exc = fut.exception()
         if isinstance(exc, TaskFailed):
-            outer.set_result(Prepared(None, _failed_in_process(exc, settings), time.perf_counter() - t0))
+            outer.set_result(failure(exc, time.perf_counter() - t0))
         elif exc is not None:
             outer.set_exception(exc)
         else:

@@ -33,9 +33,10 @@ from paperlane.producer.submit import SubmitAction, SubmittedPage, Submitter
 from paperlane.retry import Action, RetryPolicy
 from paperlane.schemas import JobStatus, OutputFormat, PageResult, TaskSpec
 from paperlane.storage import jobs as jobstore
+from paperlane.storage.objects import ObjectStore
 from paperlane.storage.results import document_content, page_result
 from paperlane.workers.attempts import Attempt, AttemptRunner
-from paperlane.workers.outputs import Writer
+from paperlane.workers.outputs import DocumentOutputs
 from paperlane.workers.pipeline import Runtime
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,7 @@ def run_embedded(rt: Runtime, items: Iterable[Document | Skipped], *, out_dir: P
                 yield item
 
     _Scheduler(rt, pages(), writer.emit).run()
+    rt.outputs.drain()
     summary.seconds = time.perf_counter() - t0
     return summary
 
@@ -92,9 +94,6 @@ class _OutputWriter:
     def __init__(self, rt: Runtime, out_dir: Path, summary: RunSummary,
                  on_page: Callable[[str, PageResult], None] | None) -> None:
         self.rt, self.out_dir, self.summary, self.on_page = rt, out_dir, summary, on_page
-        cfg = rt.settings.worker
-        self.writer = Writer(rt.db, rt.store, RetryPolicy.of(cfg), hold=cfg.page_timeout,
-                             max_pixels=cfg.max_image_pixels, formats=cfg.output_formats)
         self.used: set[str] = set()  # output stems taken in this run
         self.stems: dict[str, str] = {}  # document id -> its stem
         self.left: dict[str, int] = {}  # document id -> pages not written yet
@@ -135,20 +134,27 @@ class _OutputWriter:
         return stem
 
     def _document(self, page: SubmittedPage, stem: str) -> None:
+        """The document's outputs, built, stored and copied into the out folder off this process
+        (``Runtime.outputs``); the run waits for them before it ends. A failure's reason is logged, and recorded on
+        the document."""
         self.summary.documents += 1
-        outputs = self.writer.write(page.document_id)
-        if outputs is None:  # the reason is logged, and recorded on the document
-            return
-        files = dict(outputs.files)
-        count = len(outputs.pages)
-        if count == 1:
-            files.pop((_PAGE_FILE, None), None)  # the page's own file has its name and says it all
-        content = document_content(self.rt.store, outputs.document, outputs.pages, stem=stem)
-        for fmt, number in list(files):
-            if lookup(fmt).companions:  # it lists its page files: here they are named after the stem, not the id
-                files[(fmt, number)] = build(fmt, content, page=number)
-        for (fmt, number), data in files.items():
-            (self.out_dir / file_name(stem, fmt, number, count)).write_bytes(data)
+        self.rt.outputs.write(page.document_id, then=partial(write_run_files, self.out_dir, stem))
+
+
+def write_run_files(out_dir: Path, stem: str, store: ObjectStore, outputs: DocumentOutputs) -> None:
+    """Copy a document's written outputs into a run's ``out_dir``, named after its ``stem``: files that list their
+    page files (METS) built again with the stem's names; a one-page document's JSON left out (its page's file,
+    written as the page finished, has its name and says it all)."""
+    files = dict(outputs.files)
+    count = len(outputs.pages)
+    if count == 1:
+        files.pop((_PAGE_FILE, None), None)
+    content = document_content(store, outputs.document, outputs.pages, stem=stem)
+    for fmt, number in list(files):
+        if lookup(fmt).companions:  # it lists its page files: here they are named after the stem, not the id
+            files[(fmt, number)] = build(fmt, content, page=number)
+    for (fmt, number), data in files.items():
+        (out_dir / file_name(stem, fmt, number, count)).write_bytes(data)
 
 
 class _Scheduler:

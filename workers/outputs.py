@@ -17,6 +17,7 @@ import logging
 import threading
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from paperlane.errors import public_reason
 from paperlane.formats import FileKey, document_files, media_type
@@ -56,16 +57,25 @@ class Writer:
         """Claim the document's due outputs and write them; None when they are not due, another writer holds
         them, or this try failed (recorded for a retry, or as failed). ``known``: job id -> the result this
         process just stored for it, used instead of reading it back."""
-        held = recorded.claim(self.db, document_id, now=utcnow(), hold=self.hold)
-        return self._written(held, known) if held is not None else None
+        held = self.claim(document_id)
+        return self.write_held(held, known) if held is not None else None
+
+    def claim(self, document_id: str) -> recorded.Claim | None:
+        """Claim the document's outputs if they are due and nobody holds them (``storage.outputs.claim``)."""
+        return recorded.claim(self.db, document_id, now=utcnow(), hold=self.hold)
+
+    def claim_due(self, *, limit: int = 10) -> list[recorded.Claim]:
+        """Claim due outputs nobody holds (``storage.outputs.claim_due``)."""
+        return recorded.claim_due(self.db, now=utcnow(), hold=self.hold, limit=limit)
 
     def write_due(self, *, limit: int = 10) -> int:
         """Write outputs nobody holds that are due (their writer died, or a failed try's backoff is over); how
         many documents were written."""
-        return sum(self._written(held) is not None
-                   for held in recorded.claim_due(self.db, now=utcnow(), hold=self.hold, limit=limit))
+        return sum(self.write_held(held) is not None for held in self.claim_due(limit=limit))
 
-    def _written(self, held: recorded.Claim, known: Mapping[str, PageResult] | None = None) -> DocumentOutputs | None:
+    def write_held(self, held: recorded.Claim, known: Mapping[str, PageResult] | None = None) -> DocumentOutputs | None:
+        """Build and store the outputs ``held`` claims and record them as written; None when this try failed
+        (recorded for a retry, or as failed). Never raises."""
         try:
             built = build_outputs(self.db, self.store, held.document_id, formats=self.formats,
                                   max_pixels=self.max_pixels, known=known)
@@ -76,12 +86,17 @@ class Writer:
             recorded.written(self.db, held, formats=built.formats)
             return built
         except Exception as exc:
-            state = self._failed(held, exc)
-            log.warning("document %s: outputs not written (%s); %s", held.document_id, public_reason(exc),
-                        "given up" if state is OutputsState.FAILED else "due again later", exc_info=exc)
+            self.record_failed(held, exc)
             return None
 
-    def _failed(self, held: recorded.Claim, exc: Exception) -> OutputsState:
+    def record_failed(self, held: recorded.Claim, exc: Exception) -> OutputsState:
+        """Record the failed try ``held`` made (``exc``) and log it; the outputs' state after it. Never raises."""
+        state = self._recorded_failure(held, exc)
+        log.warning("document %s: outputs not written (%s); %s", held.document_id, public_reason(exc),
+                    "given up" if state is OutputsState.FAILED else "due again later", exc_info=exc)
+        return state
+
+    def _recorded_failure(self, held: recorded.Claim, exc: Exception) -> OutputsState:
         try:
             return recorded.failed_try(self.db, held, exc, policy=self.policy, now=utcnow())
         except Exception as record_exc:  # the database is down too: the claim lapses and a sweep tries again
@@ -102,11 +117,17 @@ def build_outputs(db: Database, store: ObjectStore, document_id: str, *,
     return DocumentOutputs(read.document, read.pages, files, made)
 
 
+class WritesDue(Protocol):
+    def write_due(self, *, limit: int = 10) -> int:
+        """Write (or start writing) due outputs nobody holds; how many documents. Raises what the database raises."""
+        ...
+
+
 class OutputsSweep:
     """A worker's thread that writes due outputs nobody holds, every ``every`` seconds: one query on a partial
     index when there are none."""
 
-    def __init__(self, writer: Writer, *, every: float) -> None:
+    def __init__(self, writer: WritesDue, *, every: float) -> None:
         self._writer, self._every = writer, every
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="outputs", daemon=True)

@@ -12,25 +12,24 @@ the batcher's count of pages on their way is balanced on every path.
 from __future__ import annotations
 
 import logging
-import os
 import time
-from concurrent.futures import CancelledError, ThreadPoolExecutor
+from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 
-from paperlane import formats
 from paperlane.errors import INTERNAL_REASON, OutOfMemory, PaperlaneError, WorkerStopping, public_reason
 from paperlane.models.engine import Capacity, Engine, EngineOutput, EngineRequest
 from paperlane.models.factory import build_engine
 from paperlane.priority.lanes import LEVELS_PER_LANE, Lane
-from paperlane.schemas import EngineInfo, JobStatus, OutputFormat, PageResult, Stage, Task, TaskSpec
+from paperlane.schemas import EngineInfo, JobStatus, PageResult, Stage, Task, TaskSpec
 from paperlane.settings import Settings, WorkerSettings
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
-from paperlane.storage.objects import ObjectStore, annotated_key, open_store, result_key
+from paperlane.storage.objects import ObjectStore, open_store
 from paperlane.storage.tables import JobRow
 from paperlane.workers.answers import EngineAnswers
 from paperlane.workers.batcher import MicroBatcher
 from paperlane.workers.cpu_pool import CpuPool, Prepared
+from paperlane.workers.outputs_pool import OutputsPool, writer_of
 from paperlane.workers.postprocess import build_result
 from paperlane.workers.preprocess import PreparedPage
 
@@ -39,7 +38,11 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Runtime:
-    """What a worker process keeps resident for its life: database, store, engine, pools, batcher."""
+    """What a worker process keeps resident for its life: database, store, engine, pools, batcher.
+
+    The process that feeds the engine does only what needs the engine connection and the page's rows: preparing
+    pages and storing their objects run on the CPU pool (``pool``), document outputs on their own processes
+    (``outputs``)."""
 
     settings: Settings
     db: Database
@@ -47,19 +50,19 @@ class Runtime:
     engine: Engine
     pool: CpuPool
     batcher: MicroBatcher
+    outputs: OutputsPool
     slots: int  # pages in progress at once
     batch_slots: int  # of which batch pages may hold at most this many: the rest wait for interactive ones
-    # Annotated images are drawn here, not on the task threads: OpenCV drops the GIL while it draws
-    # and encodes, so a few threads keep the cores busy without a thread per page competing for them.
-    render: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(
-        max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="render"))
     answers: EngineAnswers | None = None  # workers keep engine answers in Redis; `paperlane run` does not
+    images_back: bool = True  # annotated images come back to this process (``paperlane run`` writes them out)
 
     @classmethod
     def start(cls, settings: Settings, *, engine: Engine | None = None,
-              answers: EngineAnswers | None = None) -> Runtime:
+              answers: EngineAnswers | None = None, images_back: bool = True) -> Runtime:
         """Open the database (migrated), the store and the CPU pool, and load ``engine`` (default: the one the
-        settings name); ``answers``: where engine answers are kept for a retried page (workers only)."""
+        settings name); ``answers``: where engine answers are kept for a retried page (workers only);
+        ``images_back``: annotated images come back in each outcome (``paperlane run`` writes them out; a worker
+        does not need them)."""
         db = Database(settings.database_url, pool_size=settings.database.pool_size, echo=settings.database.echo)
         db.upgrade()
         store = open_store(settings)
@@ -73,14 +76,15 @@ class Runtime:
         log.info("engine %s: batches of %d, %d in flight, %d page slots", engine.info.name, plan.batch_size,
                  cap.batches_in_flight, plan.total)
         return cls(settings=settings, db=db, store=store, engine=engine, pool=CpuPool(settings, store=store),
-                   batcher=batcher, slots=plan.total, batch_slots=plan.batch, answers=answers)
+                   batcher=batcher, outputs=OutputsPool(settings, writer_of(settings, db, store)), slots=plan.total, batch_slots=plan.batch, answers=answers,
+                   images_back=images_back)
 
     def close(self) -> None:
         stats = self.batcher.stats
         log.info("engine ran %d batches, %d pages, busy %.1fs", stats.batches, stats.pages, stats.busy_s)
         self.batcher.close()
+        self.outputs.close()
         self.pool.close()
-        self.render.shutdown(wait=True)
         self.engine.close()
         self.db.dispose()
 
@@ -211,28 +215,27 @@ def _finish(rt: Runtime, job: JobRow, spec: TaskSpec, page: PreparedPage, output
 
 def store_result(rt: Runtime, job: JobRow, result: PageResult, page: PreparedPage,
                  timings: dict[str, float]) -> PageOutcome:
-    """The store step of an attempt: the annotated image drawn and stored, the result's JSON stored, then its rows
-    (objects first: a row never points at an object that is not there). The seam where drawing and serialising
-    can move off the process that feeds the engine. Raises what the store or the database raise."""
+    """The store step of an attempt: the page's objects (its annotated image drawn and stored, its result's JSON
+    stored) on the CPU pool (``page_store``), then its rows here (objects first: a row never points at an object
+    that is not there). Raises what storing the objects, the store or the database raise."""
     t1 = time.perf_counter()
-    fmt = rt.settings.worker.annotated_format
-    image_key, image = None, None
-    if page.preview is not None:
-        image = rt.render.submit(formats.build, fmt, formats.Content([result], preview=page.preview),
-                                 page=result.page).result()
-        image_key = annotated_key(job.id, fmt)
-        rt.store.put(image_key, image, content_type=formats.media_type(fmt))
-    # The JSON's store time covers rendering and the image upload; the row gets the full time.
-    timings[Stage.STORE.value] = time.perf_counter() - t1
-    result.timings = dict(timings)
-    json_key = result_key(job.id)
-    rt.store.put(json_key, formats.build(OutputFormat.JSON, formats.Content([result]), page=result.page),
-                 content_type=formats.media_type(OutputFormat.JSON))
+    urgent = job.lane == Lane.INTERACTIVE.value
+    try:
+        stored = rt.pool.store(result, page.preview, timings=dict(timings), urgent=urgent,
+                               image_back=rt.images_back).result()
+    except CancelledError:  # the pool was shut down under the page: the worker is stopping
+        raise WorkerStopping("the worker stopped before this page was stored", stage=Stage.STORE.value) from None
+    if stored.traceback:
+        log.error("job %s: unexpected error while storing\n%s", job.id, stored.traceback.rstrip())
+    if stored.error is not None or stored.json_key is None:
+        raise stored.error or PaperlaneError(INTERNAL_REASON, stage=Stage.STORE.value)
+    # The JSON's store time covers rendering and the image upload; the row gets the full time, the trip included.
+    result.timings = {**timings, Stage.STORE.value: stored.seconds}
     timings[Stage.STORE.value] = time.perf_counter() - t1
     finished = jobstore.finish_succeeded(rt.db, job, result, engine=_engine_name(result.engine or rt.engine.info),
-                                         result_key=json_key,
-                                         annotated_key=image_key, timings=timings)
-    return PageOutcome(job=job, result=result, timings=timings, annotated=image, outputs_due=finished)
+                                         result_key=stored.json_key, annotated_key=stored.annotated_key,
+                                         timings=timings)
+    return PageOutcome(job=job, result=result, timings=timings, annotated=stored.image, outputs_due=finished)
 
 
 def _classified(job: JobRow, exc: Exception, stage: str) -> PaperlaneError:

@@ -58,7 +58,7 @@ from paperlane.workers.attempts import Attempt, AttemptRunner
 from paperlane.workers.exporter import MetricsServer, TenantSeries
 from paperlane.workers.lane_gate import ConsumerLanes, LaneGate
 from paperlane.workers.leases import LeaseKeeper
-from paperlane.workers.outputs import OutputsSweep, Writer
+from paperlane.workers.outputs import OutputsSweep
 from paperlane.workers.pipeline import Runtime, Slots
 from paperlane.workers.retry_clock import RetryClock
 from paperlane.workers.shutdown import GracefulStop
@@ -89,7 +89,8 @@ class Worker:
             cfg = self.settings.worker
             self.redis = open_redis(self.settings.redis)
             stack.callback(self.redis.close)
-            self.runtime = Runtime.start(self.settings, engine=self.engine, answers=EngineAnswers(self.redis))
+            self.runtime = Runtime.start(self.settings, engine=self.engine, answers=EngineAnswers(self.redis),
+                                         images_back=False)
             stack.callback(self.runtime.close)
             self.delayed = DelayedPages(self.redis)
             self.letters = DeadLetters(self.redis)
@@ -99,11 +100,10 @@ class Worker:
             self.leases = _started(stack, LeaseKeeper(self.runtime.db, self.delayed, self.redis, cfg, self.policy,
                                                       worker=self.name, fair=FairLanes(self.redis, buffer=fair.buffer),
                                                       fair_share=fair.enabled))
-            self.writer = Writer(self.runtime.db, self.runtime.store, self.policy, hold=cfg.page_timeout,
-                                 max_pixels=cfg.max_image_pixels, formats=cfg.output_formats)
-            _started(stack, OutputsSweep(self.writer, every=cfg.lease / 3))
+            # Document outputs are built on processes of their own (``workers.outputs_pool``), not here.
+            _started(stack, OutputsSweep(self.runtime.outputs, every=cfg.lease / 3))
             self.runner = AttemptRunner(self.runtime, self.policy, worker=self.name, lease=cfg.lease,
-                                        leases=self.leases, outputs=self.writer)
+                                        leases=self.leases, outputs=self.runtime.outputs)
             # The batch limit keeps slots free for interactive pages; a worker that serves no interactive lane
             # needs none.
             limit = self.slots.batch if Lane.INTERACTIVE in self.lanes else None

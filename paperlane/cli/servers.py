@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Annotated
 
 import typer
@@ -27,11 +28,16 @@ def worker(
     hostname: Annotated[str | None, typer.Option("--hostname", "-n")] = None,
 ) -> None:
     """Run a Celery worker that keeps one OCR engine resident and processes queued pages."""
+    from paperlane.workers.feeders import feeder_count, run_feeders
     from paperlane.workers.worker import Worker, celery_argv
 
     settings = command_settings(engine, engine_url, model, profile)
-    configure_logging(min(global_options.log_level, logging.INFO))  # a worker's log is its output
+    level = min(global_options.log_level, logging.INFO)
+    configure_logging(level)  # a worker's log is its output
     lanes = [Lane(q.strip()) for q in queues.split(",")] if queues else list(Lane)
+    if (feeders := feeder_count(settings)) > 1:
+        run_feeders(settings, lanes, hostname, feeders, setup=partial(configure_logging, level))
+        return
     assembled = Worker(settings, lanes=lanes)
     assembled.app.worker_main(celery_argv(assembled, hostname=hostname))
 
