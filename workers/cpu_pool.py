@@ -10,7 +10,7 @@ as many processes as this process may use CPUs, less one for the worker itself (
 ``worker.preprocess_processes`` sets another number, and 0 runs the work on a thread in the calling
 process (tests, tiny machines: no limits then).
 
-A page is prepared under limits (``workers.bounded``): ``worker.render_memory_bytes`` of memory and
+A page is prepared under limits (``paperlane.bounded``): ``worker.render_memory_bytes`` of memory and
 ``worker.render_timeout`` seconds of CPU (three times that in all), in a process that may die without
 taking the worker or any other page with it. A page past a limit, or one that crashes its process,
 fails (``OverLimit``, a reason that says which); its process is replaced. Interactive pages have processes of their own
@@ -31,12 +31,13 @@ import time
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 
 from paperlane.errors import INTERNAL_REASON, OutOfMemory, OverLimit, PaperlaneError
 from paperlane.models.engine import InputSpec
 from paperlane.settings import Settings
 from paperlane.storage.objects import ObjectStore, open_store
-from paperlane.workers.bounded import BoundedPool, ProcessDied, TaskFailed, TaskTimedOut
+from paperlane.bounded import BoundedPool, ProcessDied, TaskFailed, TaskTimedOut
 from paperlane.workers.cpus import WORKER_OWN_CPUS, available_cpus, pool_processes
 from paperlane.workers.doccache import OpenDocuments, Source, Spool, read_whole, spooled_kind
 from paperlane.workers.input_limits import Limits
@@ -143,7 +144,7 @@ def _over_memory() -> OverLimit:
 
 
 def _failed_in_process(exc: BaseException, settings: Settings) -> PaperlaneError:
-    """What a page's row says when the process preparing it was killed or died (``workers.bounded``)."""
+    """What a page's row says when the process preparing it was killed or died (``paperlane.bounded``)."""
     cfg = settings.worker
     if isinstance(exc, TaskTimedOut):
         return OverLimit(f"preparing this page took longer than a worker gives one page: it {exc}",
@@ -182,11 +183,10 @@ class CpuPool:
             self._threads = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="preprocess"),
                              ThreadPoolExecutor(max_workers=2, thread_name_prefix="preprocess-urgent"))
         else:
-            bounds = {"memory_bytes": cfg.render_memory_bytes, "timeout": cfg.render_timeout,
-                      "initializer": _init_process}
-            self._pool = BoundedPool(self._processes, name="preprocess", initargs=(settings, True), **bounds)
-            self._urgent = BoundedPool(cfg.urgent_processes, name="preprocess-urgent", initargs=(settings, False),
-                                       **bounds)
+            bounds = partial(BoundedPool, memory_bytes=cfg.render_memory_bytes, timeout=cfg.render_timeout,
+                             initializer=_init_process)
+            self._pool = bounds(self._processes, name="preprocess", initargs=(settings, True))
+            self._urgent = bounds(cfg.urgent_processes, name="preprocess-urgent", initargs=(settings, False))
 
     def submit(self, key: str, spec: InputSpec, *, page: int = 1, urgent: bool = False) -> Future[Prepared]:
         """Fetch the original ``key`` and prepare its page ``page`` (from 1: a PDF's page, a TIFF's frame)
