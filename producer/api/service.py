@@ -83,6 +83,16 @@ class Service:
         """The lanes' fair share, read for an ingest's share of the engine."""
         return FairLanes(self.redis, buffer=self.settings.fair_share.buffer)
 
+    async def stop(self) -> None:
+        """Stop registering S3 ingests (call it before ``close``, in the event loop): an ingest waiting for room in
+        its tenant's budget (a task, no thread) is cancelled and closes itself with why; one registering on a
+        thread sees ``stopping`` and does the same."""
+        self.stopping.set()
+        waiting = list(self.registering)
+        for task in waiting:
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+
     def close(self) -> None:
         self.stopping.set()
         self.ingests.shutdown(wait=True)
