@@ -10,7 +10,8 @@ store when asked, and sends back only the bytes: the API process sends an id and
 The processes start with the first build (an API that never builds pays nothing) and are held to
 ``api.build_timeout`` seconds of CPU and ``api.build_memory_bytes`` of memory per build (``paperlane.bounded``): a
 build past them, or one whose process dies, answers 503 ``build_failed`` with the reason, and its process is
-replaced. A build still waiting for a process after ``_WAITS`` times its limit answers 503 ``build_busy``.
+replaced; so does a build for which no process could start. A build still waiting for a process after ``_WAITS``
+times its limit answers 503 ``build_busy``.
 """
 
 from __future__ import annotations
@@ -88,7 +89,12 @@ class Builder:
         """``task``'s bytes, built in a build process. Blocks: call it in a thread. Raises what the build raised
         (NotFound, StorageError, ...) and ApiError 503 (``build_failed``, ``build_busy``) when it did not finish."""
         timeout = self._settings.api.build_timeout
-        future = self._started().submit(_build, task)
+        try:
+            future = self._started().submit(_build, task)
+        except RuntimeError as exc:  # its processes did not start, or the API is stopping under it
+            log.error("no build process for a %s: %s", task.fmt.value, exc)
+            raise ApiError(503, "build_failed", f"no process could build the {FORMATS[task.fmt].title} now",
+                           {"Retry-After": "5"}) from None
         try:
             return _answer(future, FORMATS[task.fmt].title, timeout * _WAITS)
         finally:
@@ -102,7 +108,7 @@ class Builder:
     def _started(self) -> BoundedPool:
         with self._lock:
             if self._closed:
-                raise ApiError(503, "build_busy", "the API is stopping", {"Retry-After": "1"})
+                raise RuntimeError("the API is stopping")
             if self._pool is None:
                 api = self._settings.api
                 self._pool = BoundedPool(api.build_processes, name="build", memory_bytes=api.build_memory_bytes,
