@@ -12,8 +12,9 @@ reading one of its documents' status over and over: what a flood of the cheapest
 by the per-key and per-tenant request rates, not by the build budget).
 
 The flood's clients run in a process of their own (threads in it), so that the reader's client shares no
-interpreter with them: what is timed is the API. Each phase prints the API process's own CPU (seconds of CPU per
-second; its build processes are not in it).
+interpreter with them: what is timed is the API. Each phase prints the API process's own CPU and the flood's
+clients' (seconds of CPU per second; the API's build processes are in neither): on a small host the clients take
+CPU from the API too.
 
 Last line: ``flood_over_idle=<p50 under the build flood / p50 idle>`` (target <= 2).
 """
@@ -121,22 +122,24 @@ def _flood_process(url: str, key: str, documents: list[str], threads: int, build
 
 
 def _under_flood(server: ApiProcess, reader: tuple[str, str], flood: tuple[str, list[str]], *, threads: int,
-                 samples: int, builds: bool) -> tuple[list[float], dict[int, int], float]:
-    """The reader's read times while a flood runs in a process of its own, the flood's answers, and the API's CPU
-    (seconds a second) meanwhile."""
+                 samples: int, builds: bool) -> tuple[list[float], dict[int, int], float, float]:
+    """The reader's read times while a flood runs in a process of its own, the flood's answers, and the API's and
+    the flood's clients' CPU (seconds a second) meanwhile."""
     ctx = multiprocessing.get_context("fork")
     started, stop_at, answers = ctx.Event(), ctx.Event(), ctx.Queue()
     proc = ctx.Process(target=_flood_process, args=(server.url, *flood, threads, builds, started, stop_at, answers))
     proc.start()
     started.wait(60)
     time.sleep(0.5)  # the flood under way before the first timed read
-    cpu0, t0 = process_cpu_seconds(server.proc.pid), time.monotonic()
+    assert proc.pid is not None
+    cpu0, client0, t0 = process_cpu_seconds(server.proc.pid), process_cpu_seconds(proc.pid), time.monotonic()
     busy = _reads(server.url, *reader, samples)
-    cpu = (process_cpu_seconds(server.proc.pid) - cpu0) / (time.monotonic() - t0)
+    took = time.monotonic() - t0
+    cpu, client = process_cpu_seconds(server.proc.pid) - cpu0, process_cpu_seconds(proc.pid) - client0
     stop_at.set()
     seen = answers.get(timeout=300)
     proc.join()
-    return busy, seen, cpu
+    return busy, seen, cpu / took, client / took
 
 
 def main() -> int:
@@ -167,17 +170,20 @@ def main() -> int:
             def reader() -> tuple[str, str]:  # a key of its own each phase: within api.rate_per_minute
                 return tenants.create_key(db, tenant="reader").key, reader_doc
             crowd = (tenants.create_key(db, tenant="crowd").key, _documents(config, "crowd", count=1, pages=1))
-            reads, read_seen, reads_cpu = _under_flood(server, reader(), crowd, threads=args.threads,
-                                                       samples=args.samples, builds=False)
-            busy, seen, busy_cpu = _under_flood(server, reader(), (flood_key, flood_docs), threads=args.threads,
-                                                samples=args.samples, builds=True)
+            reads, read_seen, reads_cpu, reads_clients = _under_flood(server, reader(), crowd, threads=args.threads,
+                                                                      samples=args.samples, builds=False)
+            busy, seen, busy_cpu, busy_clients = _under_flood(server, reader(), (flood_key, flood_docs),
+                                                              threads=args.threads, samples=args.samples, builds=True)
         finally:
             server.stop()
             svc.stop()
-    print(f"{'reader GET /v1/documents/{id}':32} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8} {'API CPU/s':>10}")
-    for label, took, cpu in (("idle", idle, idle_cpu), (f"flood of {args.threads} status readers", reads, reads_cpu),
-                             (f"flood of {args.threads} builders", busy, busy_cpu)):
-        print(f"{label:32} {statistics.median(took):8.1f} {pct(took, 0.95):8.1f} {max(took):8.1f} {cpu:10.2f}")
+    print(f"{'reader GET /v1/documents/{id}':32} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8} {'API CPU/s':>10} "
+          f"{'flood clients CPU/s':>20}")
+    for label, took, cpu, clients in (
+            ("idle", idle, idle_cpu, 0.0), (f"flood of {args.threads} status readers", reads, reads_cpu, reads_clients),
+            (f"flood of {args.threads} builders", busy, busy_cpu, busy_clients)):
+        print(f"{label:32} {statistics.median(took):8.1f} {pct(took, 0.95):8.1f} {max(took):8.1f} {cpu:10.2f} "
+              f"{clients:20.2f}")
     print(f"status-read flood answers: {dict(sorted(read_seen.items()))}")
     print(f"build flood answers: {dict(sorted(seen.items()))} ({args.documents} documents of {args.pages} pages x "
           f"{len(FORMATS)} formats; api.build_pages_per_minute={args.budget or 'default'})")
