@@ -7,24 +7,34 @@ documents of ``--pages`` pages whose results are stored (45 lines a page, as a d
 ``--threads`` clients of the flood ask for every document in ALTO, hOCR and METS over and over: each format of a
 version of a document is built once (its pages spent from api.build_pages_per_minute) and read back after, and
 past the budget a build is refused with 429. The clock starts at the request's first byte; setting up the
-documents is left out.
+documents is left out. As a control, the reads are also timed under a flood of as many clients of a third tenant
+reading one of its documents' status over and over: what a flood of the cheapest requests costs the reader (held
+by the per-key and per-tenant request rates, not by the build budget).
 
-Last line: ``flood_over_idle=<p50 under flood / p50 idle>`` (target <= 2).
+The flood's clients run in a process of their own (threads in it), so that the reader's client shares no
+interpreter with them: what is timed is the API. Each phase prints the API process's own CPU and the flood's
+clients' (seconds of CPU per second; the API's build processes are in neither): on a small host the clients take
+CPU from the API too.
+
+Last line: ``flood_over_idle=<p50 under the build flood / p50 idle>`` (target <= 2).
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import statistics
 import tempfile
 import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import httpx
 from common import start_services, write_config
 
+from paperlane.bounded import process_cpu_seconds
 from paperlane.producer.inputs import Document
 from paperlane.producer.submit import Submitter
 from paperlane.retry import RetryPolicy
@@ -85,14 +95,51 @@ def _reads(url: str, key: str, document_id: str, samples: int) -> list[float]:
     return took
 
 
-def _flood(url: str, key: str, documents: list[str], stop_at: threading.Event, seen: Counter[int]) -> None:
+def _flood(url: str, key: str, documents: list[str], stop_at: Any, seen: Counter[int], *, builds: bool) -> None:
+    """One client of the flood: every document in every format (``builds``), or its status, over and over."""
+    paths = ([(f"/v1/documents/{d}/result", {"format": fmt}) for d in documents for fmt in FORMATS] if builds
+             else [(f"/v1/documents/{d}", {}) for d in documents])
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=120) as client:
         while not stop_at.is_set():
-            for document_id in documents:
-                for fmt in FORMATS:
-                    seen[client.get(f"/v1/documents/{document_id}/result", params={"format": fmt}).status_code] += 1
-                    if stop_at.is_set():
-                        return
+            for path, params in paths:
+                seen[client.get(path, params=params).status_code] += 1
+                if stop_at.is_set():
+                    return
+
+
+def _flood_process(url: str, key: str, documents: list[str], threads: int, builds: bool, started: Any,
+                   stop_at: Any, answers: Any) -> None:
+    """The flood's clients, on threads of this process; their answers' statuses go back on ``answers``."""
+    seen = Counter[int]()
+    clients = [threading.Thread(target=_flood, args=(url, key, documents, stop_at, seen), kwargs={"builds": builds})
+               for _ in range(threads)]
+    for t in clients:
+        t.start()
+    started.set()
+    for t in clients:
+        t.join()
+    answers.put(dict(seen))
+
+
+def _under_flood(server: ApiProcess, reader: tuple[str, str], flood: tuple[str, list[str]], *, threads: int,
+                 samples: int, builds: bool) -> tuple[list[float], dict[int, int], float, float]:
+    """The reader's read times while a flood runs in a process of its own, the flood's answers, and the API's and
+    the flood's clients' CPU (seconds a second) meanwhile."""
+    ctx = multiprocessing.get_context("fork")
+    started, stop_at, answers = ctx.Event(), ctx.Event(), ctx.Queue()
+    proc = ctx.Process(target=_flood_process, args=(server.url, *flood, threads, builds, started, stop_at, answers))
+    proc.start()
+    started.wait(60)
+    time.sleep(0.5)  # the flood under way before the first timed read
+    assert proc.pid is not None
+    cpu0, client0, t0 = process_cpu_seconds(server.proc.pid), process_cpu_seconds(proc.pid), time.monotonic()
+    busy = _reads(server.url, *reader, samples)
+    took = time.monotonic() - t0
+    cpu, client = process_cpu_seconds(server.proc.pid) - cpu0, process_cpu_seconds(proc.pid) - client0
+    stop_at.set()
+    seen = answers.get(timeout=300)
+    proc.join()
+    return busy, seen, cpu / took, client / took
 
 
 def main() -> int:
@@ -117,25 +164,30 @@ def main() -> int:
             flood_key = tenants.create_key(db, tenant="flood").key
             reader_key = tenants.create_key(db, tenant="reader").key
             _reads(server.url, reader_key, reader_doc, 20)  # warm up
+            cpu0, t0 = process_cpu_seconds(server.proc.pid), time.monotonic()
             idle = _reads(server.url, reader_key, reader_doc, args.samples)
-            stop_at, seen = threading.Event(), Counter[int]()
-            floods = [threading.Thread(target=_flood, args=(server.url, flood_key, flood_docs, stop_at, seen))
-                      for _ in range(args.threads)]
-            for t in floods:
-                t.start()
-            time.sleep(0.5)  # the flood under way before the first timed read
-            busy = _reads(server.url, reader_key, reader_doc, args.samples)
-            stop_at.set()
-            for t in floods:
-                t.join()
+            idle_cpu = (process_cpu_seconds(server.proc.pid) - cpu0) / (time.monotonic() - t0)
+            def reader() -> tuple[str, str]:  # a key of its own each phase: within api.rate_per_minute
+                return tenants.create_key(db, tenant="reader").key, reader_doc
+            crowd = (tenants.create_key(db, tenant="crowd").key, _documents(config, "crowd", count=1, pages=1))
+            reads, read_seen, reads_cpu, reads_clients = _under_flood(server, reader(), crowd, threads=args.threads,
+                                                                      samples=args.samples, builds=False)
+            busy, seen, busy_cpu, busy_clients = _under_flood(server, reader(), (flood_key, flood_docs),
+                                                              threads=args.threads, samples=args.samples, builds=True)
         finally:
             server.stop()
             svc.stop()
-    print(f"{'reader GET /v1/documents/{id}':32} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8}")
-    for label, took in (("idle", idle), (f"flood of {args.threads} builders", busy)):
-        print(f"{label:32} {statistics.median(took):8.1f} {pct(took, 0.95):8.1f} {max(took):8.1f}")
-    print(f"flood answers: {dict(sorted(seen.items()))} ({args.documents} documents of {args.pages} pages x "
+    print(f"{'reader GET /v1/documents/{id}':32} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8} {'API CPU/s':>10} "
+          f"{'flood clients CPU/s':>20}")
+    for label, took, cpu, clients in (
+            ("idle", idle, idle_cpu, 0.0), (f"flood of {args.threads} status readers", reads, reads_cpu, reads_clients),
+            (f"flood of {args.threads} builders", busy, busy_cpu, busy_clients)):
+        print(f"{label:32} {statistics.median(took):8.1f} {pct(took, 0.95):8.1f} {max(took):8.1f} {cpu:10.2f} "
+              f"{clients:20.2f}")
+    print(f"status-read flood answers: {dict(sorted(read_seen.items()))}")
+    print(f"build flood answers: {dict(sorted(seen.items()))} ({args.documents} documents of {args.pages} pages x "
           f"{len(FORMATS)} formats; api.build_pages_per_minute={args.budget or 'default'})")
+    print(f"reads_flood_over_idle={statistics.median(reads) / statistics.median(idle):.2f}")
     print(f"flood_over_idle={statistics.median(busy) / statistics.median(idle):.2f}")
     return 0
 

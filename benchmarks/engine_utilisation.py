@@ -94,7 +94,7 @@ from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
 from paperlane.storage.objects import open_store
 from paperlane.storage.tables import JobRow
-from paperlane.workers.cpus import process_cpu_seconds
+from paperlane.bounded import process_cpu_seconds
 from tests.pages import prepare
 from tests.sim_engine import SimEngine, start_sim_engine
 from tests.sim_shape import SHAPES

@@ -364,8 +364,14 @@ class ApiSettings(BaseModel):
                                         "METS) a tenant may have the API build on request per minute, all replicas "
                                         "together: a build costs its pages (429 past it); a file built once is "
                                         "kept beside the document's outputs and read back for free")
-    build_threads: int = Field(1, ge=1, description="archive formats one API process builds at once (the others "
-                               "wait): a build is CPU-bound, and each one more takes the interpreter from reads")
+    build_processes: int = Field(1, ge=1, description="processes of one API process that build archive formats "
+                                 "(each reads the results and builds the file; the others wait): niced, outside "
+                                 "the API's interpreter, so that a flood of builds leaves reads their CPU")
+    build_timeout: float = Field(30.0, gt=0, description="seconds of CPU one build may use (and three times that "
+                                 "in all, waiting included): past it its process is killed and replaced, and the "
+                                 "request answers 503 build_failed")
+    build_memory_bytes: int = Field(1024**3, ge=0, description="memory one build may allocate in its process (0: "
+                                    "no limit); past it the request answers 503 build_failed")
     webhook_attempts: int = Field(6, ge=1, description="deliveries of one webhook before it is given up")
     webhook_backoff: float = Field(2.0, ge=0, description="seconds before the first webhook retry; doubles")
     webhook_timeout: float = Field(10.0, gt=0, description="seconds one webhook delivery may take in all: the "

@@ -1,12 +1,17 @@
 """Cost-based limits (issue 25): an archive format built on request is built once per version of the document and
 read back from storage after; building costs the tenant its pages from ``api.build_pages_per_minute`` (429 past
 it, another tenant unaffected); the request metrics' labels come from route templates and fixed sets of methods
-and statuses (made-up methods and paths add no series); refused credentials are not kept."""
+and statuses (made-up methods and paths add no series); refused credentials are not kept. Builds run in the API's
+build processes, not in its interpreter: one stuck past its limit or killed answers 503 ``build_failed``."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections.abc import Callable
+
+import pytest
 
 from prometheus_client import REGISTRY, generate_latest
 
@@ -49,6 +54,46 @@ async def _builds(stack: Stack) -> None:
         assert int(refused.headers["Retry-After"]) >= 1
         assert (await api.get(alto(0), headers=acme)).status_code == 200  # what was built is still read back
         assert (await api.get(alto(2), headers=globex)).status_code == 200  # another tenant's budget is its own
+    db.dispose()
+
+
+@pytest.mark.processes
+@pytest.mark.serial  # a build's limit is wall-clock seconds (api.build_timeout x 3)
+def test_builds_run_in_processes_of_their_own_and_a_stuck_or_killed_one_answers_503(
+        stack_factory: Callable[..., Stack]) -> None:
+    asyncio.run(_outside(stack_factory(API__BUILD_TIMEOUT="2")))
+
+
+async def _outside(stack: Stack) -> None:
+    db = Database(stack.settings.database_url)
+    async with _api(stack) as api:
+        auth = {"Authorization": f"Bearer {create_key(db, tenant='acme').key}"}
+        body = (await api.post("/v1/documents", headers=auth, files={"file": ("p.png", tiny_page(1))})).json()
+        succeed(stack, db, body["pages"][0]["job_id"], "page one")
+        doc = body["document_id"]
+        builder = api._transport.app.state.service.builder  # type: ignore[attr-defined]
+        assert builder.pids == []  # started by the first build, not before
+        assert (await api.get(f"/v1/documents/{doc}/result?format=alto", headers=auth)).status_code == 200
+        [stuck] = builder.pids
+        assert stuck != os.getpid()
+        os.kill(stuck, signal.SIGSTOP)  # the build process holds still: a build waits on it, reads do not
+        build = asyncio.create_task(api.get(f"/v1/documents/{doc}/result?format=hocr", headers=auth))
+        for _ in range(5):
+            assert (await api.get(f"/v1/documents/{doc}", headers=auth)).status_code == 200
+        assert not build.done()
+        answer = await build  # its process killed past 3 x 2 s of wall-clock time, and replaced
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["error"]["code"] == "build_failed" and "longer than 6 s" in answer.text
+        assert int(answer.headers["Retry-After"]) >= 1
+        assert not stack.keys("documents/built/") or all("hocr" not in k for k in stack.keys("documents/built/"))
+        hocr = await api.get(f"/v1/documents/{doc}/result?format=hocr", headers=auth)
+        assert hocr.status_code == 200 and b">one<" in hocr.content
+        [fresh] = builder.pids
+        assert fresh != stuck
+        os.kill(fresh, signal.SIGKILL)  # a build process that dies: the build it held answers 503, saying so
+        killed = await api.get(f"/v1/documents/{doc}/result?format=mets", headers=auth)
+        assert killed.status_code == 503 and "SIGKILL" in killed.json()["error"]["message"], killed.text
+        assert (await api.get(f"/v1/documents/{doc}/result?format=mets", headers=auth)).status_code == 200
     db.dispose()
 
 

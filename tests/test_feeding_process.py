@@ -124,7 +124,7 @@ def test_the_default_number_of_feeders_follows_the_hosts_cpus() -> None:
 def test_a_pool_runs_tasks_marked_first_before_those_waiting_in_turn() -> None:
     import time
 
-    from paperlane.workers.bounded import BoundedPool
+    from paperlane.bounded import BoundedPool
 
     pool = BoundedPool(1, name="order", memory_bytes=0, timeout=30)
     try:

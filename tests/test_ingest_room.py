@@ -2,10 +2,12 @@
 start an S3 ingest of several documents (one per ingest thread: ``api.ingest_threads`` is 4), and a fifth tenant
 with room starts one: the fifth's ingest has its documents within a few seconds, because a registration with no
 room gives its thread back (what fitted is registered; it continues once the tenant has room again), which the
-test sees too: one of the four registers its next document once one of its pages is final."""
+test sees too: one of the four registers its next document once one of its pages is final. An ingest waiting for room
+when the API stops is closed with what it registered and says why."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -13,8 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
+from paperlane.producer.api.ingests import STOPPED
 from paperlane.storage import jobs as jobstore
-from paperlane.storage import tenants
+from paperlane.storage import status_reads, tenants, views
 from paperlane.storage.db import Database
 from tests.api_server import ApiProcess
 from tests.conftest import Stack, until
@@ -77,3 +80,39 @@ def db_pages(db: Database, ingest_id: str) -> list[str]:
 
     with db.session() as s:
         return list(s.scalars(select(PageRow.job_id).where(PageRow.ingest_id == ingest_id)))
+
+
+def test_an_ingest_waiting_for_room_when_the_api_stops_says_why(stack_factory: Callable[..., Stack]) -> None:
+    asyncio.run(_stopped_while_parked(stack_factory()))
+
+
+async def _stopped_while_parked(stack: Stack) -> None:
+    """The API stops while an ingest waits for room (a task holding no thread): the ingest is closed with what it
+    registered and says why, instead of staying ``registering`` for ever."""
+    from tests.test_edge import _api
+
+    db = Database(stack.settings.database_url)
+    s3, inbox = stack.s3(), f"{stack.bucket}-inbox"
+    s3.create_bucket(Bucket=inbox)
+    auth = {"Authorization": f"Bearer {tenants.create_key(db, tenant='parked').key}"}
+    tenants.grant_ingest(db, "parked", inbox, "parked/")
+    tenants.set_limits(db, "parked", max_pages_in_flight=1)
+    for d in range(3):
+        s3.put_object(Bucket=inbox, Key=f"parked/{d}.png", Body=tiny_page(d))
+    async with _api(stack) as api:
+        resp = await api.post("/v1/ingests", json={"source": f"s3://{inbox}/parked/"}, headers=auth)
+        assert resp.status_code == 202, resp.text
+        ingest_id = resp.json()["ingest_id"]
+        service = api._transport.app.state.service  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 20
+        while (await api.get(f"/v1/ingests/{ingest_id}", headers=auth)).json()["documents"] < 1:
+            assert time.monotonic() < deadline, "the ingest's first document"
+            await asyncio.sleep(0.1)
+        # Its thread gives it back within ms of registering what fitted; parked or not yet, it must say why.
+        await asyncio.sleep(0.5)
+        assert service.registering, "the ingest waits for room"
+    row, progress, failures = status_reads.ingest_progress(db, ingest_id)
+    view = views.ingest_view(row, progress, failures)
+    assert view["status"] != "registering" and view["documents"] == 1, view
+    assert view["error"] == f"registration stopped after 1 documents: {STOPPED}", view
+    db.dispose()

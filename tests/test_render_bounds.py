@@ -25,7 +25,7 @@ from paperlane.settings import Settings, WorkerSettings
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
 from paperlane.storage.tables import JobRow
-from paperlane.workers.bounded import BoundedPool, ProcessDied, TaskTimedOut
+from paperlane.bounded import BoundedPool, ProcessDied, TaskTimedOut
 from paperlane.workers.pipeline import Runtime
 from paperlane.workers.preprocess import prepare_page
 from tests import hostile_pdfs

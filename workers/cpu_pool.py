@@ -10,7 +10,7 @@ as many processes as this process may use CPUs, less one for the worker itself (
 ``worker.preprocess_processes`` sets another number, and 0 runs the work on a thread in the calling
 process (tests, tiny machines: no limits then).
 
-A page is prepared under limits (``workers.bounded``): ``worker.render_memory_bytes`` of memory and
+A page is prepared under limits (``paperlane.bounded``): ``worker.render_memory_bytes`` of memory and
 ``worker.render_timeout`` seconds of CPU (three times that in all), in a process that may die without
 taking the worker or any other page with it. A page past a limit, or one that crashes its process,
 fails (``OverLimit``, a reason that says which); its process is replaced. Interactive pages have processes of their own
@@ -37,12 +37,12 @@ from typing import TypeVar
 
 import numpy as np
 
+from paperlane.bounded import BoundedPool, ProcessDied, TaskFailed, TaskTimedOut
 from paperlane.errors import INTERNAL_REASON, OutOfMemory, OverLimit, PaperlaneError
 from paperlane.models.engine import InputSpec
 from paperlane.schemas import PageResult
 from paperlane.settings import ImageFormat, Settings
 from paperlane.storage.objects import ObjectStore, open_store
-from paperlane.workers.bounded import BoundedPool, ProcessDied, TaskFailed, TaskTimedOut
 from paperlane.workers.cpus import WORKER_OWN_CPUS, available_cpus, pool_processes
 from paperlane.workers.doccache import OpenDocuments, Source, Spool, read_whole, spooled_kind
 from paperlane.workers.input_limits import Limits
@@ -161,7 +161,7 @@ def _over_memory() -> OverLimit:
 def _failed_in_process(exc: BaseException, settings: Settings, *, verb: str = "prepare",
                        stage: str = "preprocess") -> PaperlaneError:
     """What a page's row says when the process set to ``verb`` it (prepare it; store its objects, drawing its
-    annotated image) was killed or died (``workers.bounded``)."""
+    annotated image) was killed or died (``paperlane.bounded``)."""
     cfg, doing = settings.worker, f"{verb[:-1]}ing"
     if isinstance(exc, TaskTimedOut):
         return OverLimit(f"{doing} this page took longer than a worker gives one page: it {exc}", stage=stage)
@@ -207,11 +207,10 @@ class CpuPool:
             self._threads = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="preprocess"),
                              ThreadPoolExecutor(max_workers=2, thread_name_prefix="preprocess-urgent"))
         else:
-            bounds = {"memory_bytes": cfg.render_memory_bytes, "timeout": cfg.render_timeout,
-                      "initializer": _init_process}
-            self._pool = BoundedPool(self._processes, name="preprocess", initargs=(settings, True), **bounds)
-            self._urgent = BoundedPool(cfg.urgent_processes, name="preprocess-urgent", initargs=(settings, False),
-                                       **bounds)
+            bounds = partial(BoundedPool, memory_bytes=cfg.render_memory_bytes, timeout=cfg.render_timeout,
+                             initializer=_init_process)
+            self._pool = bounds(self._processes, name="preprocess", initargs=(settings, True))
+            self._urgent = bounds(cfg.urgent_processes, name="preprocess-urgent", initargs=(settings, False))
 
     def submit(self, key: str, spec: InputSpec, *, page: int = 1, urgent: bool = False) -> Future[Prepared]:
         """Fetch the original ``key`` and prepare its page ``page`` (from 1: a PDF's page, a TIFF's frame)

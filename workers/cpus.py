@@ -19,7 +19,6 @@ from pathlib import Path
 # threads) and storing; as one Python process it does that work on about one core at most, and
 # the pool's processes are niced below it so that it gets that core when it needs it.
 WORKER_OWN_CPUS = 1
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def pool_processes(setting: int | None, cpus: float | None = None) -> int:
@@ -99,10 +98,3 @@ def _v1_quota(folder: Path) -> float | None:
 def _ratio(quota: int, period: int) -> float | None:
     return quota / period if quota > 0 and period > 0 else None
 
-
-def process_cpu_seconds(pid: int) -> float:
-    """CPU seconds (user and system) process ``pid`` has used, from ``/proc/<pid>/stat`` (OSError: it is gone)."""
-    # Fields after the command name, which may hold spaces and parentheses: state, ppid, ...; utime and stime
-    # are fields 14 and 15 of proc(5).
-    fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS

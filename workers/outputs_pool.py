@@ -25,6 +25,7 @@ import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from paperlane.bounded import BoundedPool, TaskFailed
 from paperlane.errors import OverLimit
 from paperlane.retry import RetryPolicy
 from paperlane.schemas import PageResult
@@ -32,7 +33,6 @@ from paperlane.settings import Settings
 from paperlane.storage.db import Database
 from paperlane.storage.objects import ObjectStore, open_store
 from paperlane.storage.outputs import Claim
-from paperlane.workers.bounded import BoundedPool, TaskFailed
 from paperlane.workers.outputs import DocumentOutputs, Writer
 
 log = logging.getLogger(__name__)

@@ -219,7 +219,7 @@ def _check_page_images(pdf_page: pypdfium2.PdfPage, page: int, limits: Limits,
     where images drawn by patterns, Type 3 glyphs and soft masks are declared (PDFium's API does not
     reach them; ``pdfscan.ImageDicts.largest``). What no declared size shows (sizes given indirectly,
     inline images in compressed streams, a page that draws for minutes) is bounded by the process the
-    page is prepared in (``workers.bounded``). PDFium's raw calls, not pypdfium2's object wrappers: a
+    page is prepared in (``paperlane.bounded``). PDFium's raw calls, not pypdfium2's object wrappers: a
     dense text page has thousands of objects (3,000 took 11 ms, now 3).
     """
     import pypdfium2.raw as pdfium_c

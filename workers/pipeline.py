@@ -183,7 +183,7 @@ def _through_pipeline(rt: Runtime, job: JobRow, timings: dict[str, float]) -> Pa
 
 def _prepared(rt: Runtime, job: JobRow, *, urgent: bool) -> Prepared:
     # A page that kills its pool process (a crash, memory or time past the limits) fails alone, with a
-    # reason (``workers.bounded``): the process is replaced and no other page is touched.
+    # reason (``paperlane.bounded``): the process is replaced and no other page is touched.
     try:
         return rt.pool.submit(job.original_key or "", rt.engine.input_spec, page=job.page, urgent=urgent).result()
     except CancelledError:  # the pool was shut down under the page: the worker is stopping

@@ -63,7 +63,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     415: _documented("not a format paperlane reads"),
     422: _documented("a parameter or body field out of its range or type"),
     429: _documented("over a rate, budget or stream limit", **{"Retry-After": "seconds"}),
-    503: _documented("a service paperlane needs is unreachable", **{"Retry-After": "seconds"}),
+    503: _documented("a service paperlane needs is unreachable, or an archive format's build did not finish "
+                     "(build_failed: past its limits; build_busy: queued too long)", **{"Retry-After": "seconds"}),
 }
 
 _REASONS = frozenset({"error", "reason"})

@@ -2,19 +2,19 @@
 format (ALTO, PAGE XML, hOCR, METS) they did not write, built now from the stored page results, for documents of
 at most ``api.max_build_pages`` pages. Built on request or written, a file has the same bytes: both come from the
 same page results (PAGE XML's time is when its page was finished); but a METS built on request lists its pages'
-ALTO and PAGE XML at this API's URLs (``/v1/pages/{id}?format=alto``), since no worker wrote them beside it."""
+ALTO and PAGE XML at this API's URLs (``/v1/pages/{id}?format=alto``), since no worker wrote them beside it.
+Builds run in the API's build processes (``producer.api.builds``); this module only decides what to build."""
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import replace
-from datetime import datetime
 from typing import Any
 
 from fastapi.responses import Response
 
 from paperlane.errors import ObjectNotFound, redact
-from paperlane.formats import ARCHIVE_FORMATS, FORMATS, Content, build, file_name, media_type
+from paperlane.formats import ARCHIVE_FORMATS, FORMATS, file_name, media_type
+from paperlane.producer.api.builds import BuildTask
 from paperlane.producer.api.errors import ApiError
 from paperlane.producer.api.limits import retry_after
 from paperlane.producer.api.service import Service
@@ -24,8 +24,7 @@ from paperlane.storage import status_reads, views
 from paperlane.storage.db import as_utc
 from paperlane.storage.objects import built_key, document_key
 from paperlane.storage.outputs import written_formats
-from paperlane.storage.results import document_content, document_results, page_result
-from paperlane.storage.tables import DocumentRow, JobRow
+from paperlane.storage.tables import DocumentRow
 
 _PAGE_ONLY = [spec for spec in FORMATS.values() if not spec.document]  # one page a file (PAGE XML)
 
@@ -61,11 +60,11 @@ def document_file(svc: Service, row: DocumentRow, *, done: bool, fmt: OutputForm
 def page_file(svc: Service, found: status_reads.PageView, fmt: OutputFormat, *, tenant_id: str) -> Response:
     """The page alone in an archive format (ALTO, PAGE XML, hOCR), built from its result (one page of the tenant's
     ``api.build_pages_per_minute``); 409 until it is final."""
-    document, job, number = found.document, found.job, found.page.page_no
-    if not views.page_state(job).final:
+    document, number = found.document, found.page.page_no
+    if not views.page_state(found.job).final:
         raise ApiError(409, "not_ready", "the page is still being processed", {"Retry-After": "1"})
     _spend(svc, tenant_id, 1)
-    data = _page_built(svc, document, job, fmt, number)
+    data = svc.builder.build(BuildTask(document.id, fmt, page_id=found.page.id))
     return _response(data, fmt, name=document.name, page=number, total=document.pages_total)
 
 
@@ -95,16 +94,15 @@ def _kept(svc: Service, row: DocumentRow, fmt: OutputFormat, page: int | None, *
                              f"{row.pages_total}".encode()).hexdigest()[:16]
     key = built_key(row.id, version, fmt, page, row.pages_total)
     if row.pages_total > svc.settings.api.max_build_pages:
-        return _built(svc, row, fmt, page)  # refused (404 not_written), at no cost, even when built before
+        raise ApiError(404, "not_written", f"{fmt.value} was not written by the workers, and a document of "
+                       f"{row.pages_total} pages is more than this API builds on request "
+                       f"({svc.settings.api.max_build_pages}: api.max_build_pages)")
     try:
         return svc.store.get(key)
     except ObjectNotFound:
         pass
     _spend(svc, tenant_id, 1 if not FORMATS[fmt].document else row.pages_total)
-    with svc.building:  # api.build_threads at a time: a build is CPU-bound
-        data = _built(svc, row, fmt, page)
-    svc.store.put(key, data, content_type=media_type(fmt))
-    return data
+    return svc.builder.build(BuildTask(row.id, fmt, page, keep=key))  # built and kept in a build process
 
 
 def _spend(svc: Service, tenant_id: str, pages: int) -> None:
@@ -114,39 +112,6 @@ def _spend(svc: Service, tenant_id: str, pages: int) -> None:
         raise ApiError(429, "build_limited", f"this tenant has had {per_minute:,} pages of archive formats built in "
                        "the last minute (api.build_pages_per_minute); what was built is kept and read back freely",
                        {"Retry-After": retry_after(wait)})
-
-
-def _built(svc: Service, row: DocumentRow, fmt: OutputFormat, page: int | None) -> bytes:
-    """``fmt`` built now from the stored page results (see the module docstring)."""
-    if row.pages_total > svc.settings.api.max_build_pages:
-        raise ApiError(404, "not_written", f"{fmt.value} was not written by the workers, and a document of "
-                       f"{row.pages_total} pages is more than this API builds on request "
-                       f"({svc.settings.api.max_build_pages}: api.max_build_pages)")
-    if not FORMATS[fmt].document:
-        number = page or 1
-        job = next((j for p, j in status_reads.document_pages(svc.db, row.id) if p.page_no == number), None)
-        if job is None:
-            raise ApiError(404, "not_found", f"the document has no page {number}")
-        return _page_built(svc, row, job, fmt, number)
-    read = document_results(svc.db, svc.store, row.id)
-    content = document_content(svc.store, row, read.pages, created=read.finished)
-    if FORMATS[fmt].companions:  # it lists page files nobody wrote: this API's own URLs for them
-        ids = {p.page_no: p.id for p, _ in status_reads.document_pages(svc.db, row.id)}
-        content = replace(content, page_file_href=lambda each, number: f"/v1/pages/{ids[number]}?format={each.value}")
-    return build(fmt, content)
-
-
-def _page_built(svc: Service, row: DocumentRow, job: JobRow, fmt: OutputFormat, number: int) -> bytes:
-    """Page ``number`` alone in ``fmt``, built from its job's result."""
-    result = page_result(svc.store, job, source=row.source, page_no=number)
-    content = Content([result], name=row.name, ext=row.ext, document_id=row.id, source=row.source,
-                      page_count=row.pages_total, created=_finished(job, number))
-    return build(fmt, content, page=number)
-
-
-def _finished(job: JobRow, number: int) -> dict[int, datetime]:
-    at = as_utc(job.finished_at)
-    return {number: at} if at is not None else {}
 
 
 def _not_written(row: DocumentRow, fmt: OutputFormat) -> ApiError:

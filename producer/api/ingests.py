@@ -5,8 +5,9 @@ paperlane's S3 credentials. Registration goes on after the answer, on the ingest
 tenant at a time. No thread waits on one tenant: when the tenant has no room in its budget of pages in flight for
 the next document, what fitted is registered and the registration gives its thread back; it continues (skipping what
 is registered) once there is room again. What its archives inflate is bounded like an upload's, and if
-it stops short (S3 unreadable, its monthly budget used, the API stopping) the ingest records why and is closed with
-what it registered.
+it stops short (S3 unreadable, its monthly budget used, the API stopping, also while it waits for room) the ingest
+records why and is closed with what it registered; it is not resumed by another API process (start a new ingest of
+the same prefix: what is registered is skipped).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ router = APIRouter(prefix="/v1/ingests", tags=["ingests"])
 T = TypeVar("T")
 
 _ROOM_POLL = 2.0  # seconds between looks for room in the tenant's budget while an ingest waits for it (no thread)
+STOPPED = "the API stopped while it was being registered"  # an ingest's reason when the API stops under it
 
 
 @router.post("", status_code=202)
@@ -145,15 +147,21 @@ async def _drive(svc: Service, who: Caller, first: Submitter, again: Callable[[]
     has room again, or ends when the API stops."""
     loop, submitter = asyncio.get_running_loop(), first
     while True:
+        # Cancelled here (the API stopping), the thread goes on to see svc.stopping and closes the ingest itself.
         waiting = await loop.run_in_executor(svc.ingests, _register, svc, submitter, job)
         if not waiting:
             return
-        why = await _room(svc, who)
+        try:
+            why = await _room(svc, who)
+            if not why:
+                submitter = again()
+                await to_thread.run_sync(partial(submitter.open, name=job.name, sources=job.key))
+        except asyncio.CancelledError:  # the API stopped while it waited for room: the ingest says so
+            _close(svc, submitter, STOPPED)
+            raise
         if why:
             _close(svc, submitter, why)
             return
-        submitter = again()
-        await to_thread.run_sync(partial(submitter.open, name=job.name, sources=job.key))
 
 
 async def _room(svc: Service, who: Caller) -> str | None:
@@ -167,7 +175,7 @@ async def _room(svc: Service, who: Caller) -> str | None:
         if in_flight < cap:
             return None
         await asyncio.sleep(_ROOM_POLL)
-    return "the API stopped while it was being registered"
+    return STOPPED
 
 
 class _Stopped(Exception):
@@ -205,7 +213,7 @@ def _register(svc: Service, submitter: Submitter, job: _Job) -> bool:
         _close(svc, submitter, public_reason(exc), exc)
     except Exception as exc:
         stopped = svc.stopping.is_set()
-        _close(svc, submitter, "the API stopped while it was being registered" if stopped else public_reason(exc), exc)
+        _close(svc, submitter, STOPPED if stopped else public_reason(exc), exc)
     return False
 
 

@@ -5,8 +5,8 @@ within its rates and its tenant's monthly budget.
 Work that waits on others runs on threads of its own kind, so that one kind cannot hold the others up: uploads
 are registered under ``registration`` (``api.register_threads``), streams and long polls read the database under
 ``streams`` (``api.stream_threads``), callback hosts resolve on ``dns`` (``api.webhook_concurrency``), S3 ingests
-register on ``ingests`` (``api.ingest_threads``, one per tenant at a time), archive formats build ``api.build_threads``
-at a time (``building``); the rest (key lookups, status reads)
+register on ``ingests`` (``api.ingest_threads``, one per tenant at a time), archive formats are built in processes
+of their own (``builder``, ``api.build_processes``), outside this interpreter; the rest (key lookups, status reads)
 shares anyio's default threads. ``/healthz`` needs none.
 """
 
@@ -31,6 +31,7 @@ from paperlane.errors import UsageError
 from paperlane.priority.broker import PagePublisher, make_celery
 from paperlane.priority.connection import open_redis
 from paperlane.priority.fair import FairLanes
+from paperlane.producer.api.builds import Builder
 from paperlane.producer.api.errors import ApiError
 from paperlane.producer.api.limits import Limits
 from paperlane.settings import Settings
@@ -57,13 +58,13 @@ class Service:
     streams: CapacityLimiter
     dns: ThreadPoolExecutor
     ingests: ThreadPoolExecutor
+    builder: Builder
     auth_cache: dict[str, tuple[float, Caller]] = field(default_factory=dict)  # key digest -> (until, caller)
     live_cache: dict[str, tuple[float, bool]] = field(default_factory=dict)  # key id -> (until, not revoked)
     registering: set[asyncio.Future[None]] = field(default_factory=set)  # S3 ingests being registered
     registering_tenants: set[str] = field(default_factory=set)  # ... their tenants
     stopping: threading.Event = field(default_factory=threading.Event)  # the API is stopping: so does registration
     uploads: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(16, thread_name_prefix="upload"))
-    building: threading.BoundedSemaphore = field(default_factory=lambda: threading.BoundedSemaphore(1))
 
     @classmethod
     def open(cls, settings: Settings) -> Service:
@@ -75,18 +76,29 @@ class Service:
                    registration=CapacityLimiter(api.register_threads), streams=CapacityLimiter(api.stream_threads),
                    dns=ThreadPoolExecutor(api.webhook_concurrency, thread_name_prefix="dns"),
                    ingests=ThreadPoolExecutor(api.ingest_threads, thread_name_prefix="ingest"),
-                   building=threading.BoundedSemaphore(api.build_threads))
+                   builder=Builder(settings))
 
     @cached_property
     def fair(self) -> FairLanes:
         """The lanes' fair share, read for an ingest's share of the engine."""
         return FairLanes(self.redis, buffer=self.settings.fair_share.buffer)
 
+    async def stop(self) -> None:
+        """Stop registering S3 ingests (call it before ``close``, in the event loop): an ingest waiting for room in
+        its tenant's budget (a task, no thread) is cancelled and closes itself with why; one registering on a
+        thread sees ``stopping`` and does the same."""
+        self.stopping.set()
+        waiting = list(self.registering)
+        for task in waiting:
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+
     def close(self) -> None:
         self.stopping.set()
         self.ingests.shutdown(wait=True)
         self.dns.shutdown(wait=False, cancel_futures=True)
         self.uploads.shutdown(wait=True)
+        self.builder.close()
         self.db.dispose()
         self.redis.close()
 

@@ -34,14 +34,14 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from typing import Any
-
-from paperlane.workers.cpus import process_cpu_seconds
 
 log = logging.getLogger(__name__)
 
 _Task = tuple[Callable[..., Any], tuple[Any, ...], Future[Any]]
 
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _START_TIMEOUT = 120.0  # seconds a new process may take to import and initialise
 WALL_FACTOR = 3.0  # a task's wall-clock limit, in multiples of its CPU limit
 
@@ -110,7 +110,8 @@ class BoundedPool:
         self._count = threading.Lock()
         # Start every process now, side by side (spawning and importing takes a second or two each).
         started = [self._start() for _ in range(processes)]
-        self._threads = [threading.Thread(target=self._drive, args=(self._ready(proc),), name=f"{name}-{i}",
+        self._pids: dict[int, int | None] = {}  # slot -> its process's id
+        self._threads = [threading.Thread(target=self._drive, args=(i, self._ready(proc)), name=f"{name}-{i}",
                                           daemon=True) for i, proc in enumerate(started)]
         for thread in self._threads:
             thread.start()
@@ -139,25 +140,35 @@ class BoundedPool:
         self._tasks.put((0 if first else 1, next(self._order), (fn, args, future)))
         return future
 
-    def _drive(self, proc_conn: tuple[BaseProcess, Connection]) -> None:
+    @property
+    def pids(self) -> list[int]:
+        """The ids of the pool's processes now."""
+        return [pid for pid in self._pids.values() if pid is not None]
+
+    def _drive(self, slot: int, proc_conn: tuple[BaseProcess, Connection]) -> None:
         proc, conn = proc_conn
+        self._pids[slot] = proc.pid
         while True:
             _, _, task = self._tasks.get()
             if task is None:
                 _stop(proc, conn)
+                self._pids.pop(slot, None)
                 return
             fn, args, future = task
             if not future.set_running_or_notify_cancel():
                 continue
             outcome = self._run(proc, conn, fn, args)
             if isinstance(outcome, TaskFailed):
+                self._pids[slot] = None  # gone; its replacement's id once it is up
                 future.set_exception(outcome)
                 with self._count:
                     self.replaced += 1
                 replaced = self._replace()
                 if replaced is None:
+                    self._pids.pop(slot, None)
                     return
                 proc, conn = replaced
+                self._pids[slot] = proc.pid
             elif outcome[0]:
                 future.set_result(outcome[1])
             else:
@@ -227,6 +238,14 @@ def _status(code: int | None) -> str:
         except ValueError:
             return f"signal {-code}"
     return f"exit status {code}"
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user and system) process ``pid`` has used, from ``/proc/<pid>/stat`` (OSError: it is gone)."""
+    # Fields after the command name, which may hold spaces and parentheses: state, ppid, ...; utime and stime
+    # are fields 14 and 15 of proc(5).
+    fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
 def _cpu_seconds(proc: BaseProcess) -> float:
