@@ -19,12 +19,13 @@ Last lines: ``ingest_pages_per_s=`` (target >= 1000) and, with --tar-mb, ``inges
 from __future__ import annotations
 
 import argparse
-from collections import Counter
 import os
 import subprocess
 import tarfile
 import tempfile
 import time
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg2
@@ -74,15 +75,23 @@ class _Bytes:
         return out
 
 
-# Runs the command and prints its peak RSS (kB) last on stderr: a process of its own, so that the
-# figure is that command's and not the largest of every child this benchmark started.
+# Runs the command and prints its peak RSS (kB) and its CPU seconds (user + system) last on stderr: a process of its
+# own, so that the figures are that command's and not those of every child this benchmark started.
 _PEAK = ("import resource, subprocess, sys; rc = subprocess.run(sys.argv[1:]).returncode; "
-         "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); sys.exit(rc)")
+         "u = resource.getrusage(resource.RUSAGE_CHILDREN); "
+         "print(u.ru_maxrss, u.ru_utime + u.ru_stime, file=sys.stderr); sys.exit(rc)")
 
 
-def _submit(config: Path, path: Path, *, profile: Path | None = None) -> tuple[float, int, str]:
-    """Seconds, peak RSS in kB, stderr of one ``paperlane submit`` process (``profile``: recorded by py-spy there,
-    its raw format, which slows it)."""
+@dataclass
+class Run:
+    seconds: float  # wall clock, from its start to its exit
+    cpu_s: float  # CPU time of the submit process (user + system): less at the mercy of the machine's load
+    rss_kb: int  # peak RSS
+    said: str  # its stderr
+
+
+def _submit(config: Path, path: Path, *, profile: Path | None = None) -> Run:
+    """One ``paperlane submit`` process (``profile``: recorded by py-spy there, its raw format, which slows it)."""
     spy = [str(Path(PAPERLANE[0]).with_name("py-spy")), "record", "-f", "raw", "-o", str(profile), "--"] if profile else []
     t0 = time.perf_counter()
     proc = subprocess.run([PAPERLANE[0], "-c", _PEAK, *spy, *PAPERLANE, "--config", str(config), "submit", str(path)],
@@ -90,8 +99,9 @@ def _submit(config: Path, path: Path, *, profile: Path | None = None) -> tuple[f
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"submit failed:\n{proc.stderr[-3000:]}")
-    said, _, peak = proc.stderr.strip().rpartition("\n")
-    return seconds, int(peak), said
+    said, _, last = proc.stderr.strip().rpartition("\n")
+    peak, cpu = last.split()
+    return Run(seconds, float(cpu), int(peak), said)
 
 
 def _statements(svc: Services) -> psycopg2.extensions.connection:
@@ -160,28 +170,29 @@ def main() -> None:
             r = redis_lib.Redis.from_url(settings.redis.url)
             admin.cursor().execute("SELECT pg_stat_statements_reset()")
             redis_before = _redis_calls(r)
-            seconds, rss_kb, said = _submit(config, folder, profile=args.profile)
+            run = _submit(config, folder, profile=args.profile)
             sql, rcmds = _sql_calls(admin, database), _redis_calls(r) - redis_before
             db = Database(settings.database_url)
             with db.session() as s:
                 jobs = s.scalar(select(func.count()).select_from(JobRow).where(JobRow.enqueued_at.is_not(None)))
                 pages = s.scalar(select(func.count()).select_from(PageRow))
             messages = _messages(settings)
-            print(said.splitlines()[-1])
-            print(f"{args.pages} pages in {seconds:.1f}s: {pages} pages and {jobs} published jobs in PostgreSQL, "
-                  f"{messages} messages in Redis; peak RSS {rss_kb / 1024:.0f} MB")
+            print(run.said.splitlines()[-1])
+            print(f"{args.pages} pages in {run.seconds:.1f}s: {pages} pages and {jobs} published jobs in PostgreSQL, "
+                  f"{messages} messages in Redis; peak RSS {run.rss_kb / 1024:.0f} MB; submit CPU "
+                  f"{run.cpu_s:.1f}s, {run.cpu_s * 1000 / args.pages:.2f} ms a page")
             _per_page("SQL statements", sql, args.pages)
             _per_page("Redis commands", rcmds, args.pages)
             if not (pages == jobs == messages == args.pages):
                 raise SystemExit("not every page was registered and published")
             if args.tar_mb:
                 tar = _tar(root, args.tar_mb)
-                t_seconds, t_rss, t_said = _submit(config, tar)
-                print(t_said.splitlines()[-1])
-                print(f"tar of {tar.stat().st_size >> 20} MB in {t_seconds:.1f}s, peak RSS {t_rss / 1024:.0f} MB")
-            print(f"ingest_pages_per_s={args.pages / seconds:.0f}")
+                t_run = _submit(config, tar)
+                print(t_run.said.splitlines()[-1])
+                print(f"tar of {tar.stat().st_size >> 20} MB in {t_run.seconds:.1f}s, peak RSS {t_run.rss_kb / 1024:.0f} MB")
+            print(f"ingest_pages_per_s={args.pages / run.seconds:.0f}")
             if args.tar_mb:
-                print(f"ingest_tar_peak_rss_mb={t_rss / 1024:.0f}")
+                print(f"ingest_tar_peak_rss_mb={t_run.rss_kb / 1024:.0f}")
         finally:
             svc.stop()
 
