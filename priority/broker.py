@@ -21,7 +21,7 @@ from paperlane.priority import keys
 from paperlane.priority.fair import HEADER, Share
 from paperlane.priority.lanes import PRIORITY_STEPS, TASK_PROCESS_PAGE, Lane
 from paperlane.priority.connection import SOCKET_TIMEOUT
-from paperlane.priority.messages import PageMessage
+from paperlane.priority.messages import JOB_HEADER, PageMessage
 from paperlane.schemas import Stage
 from paperlane.settings import RedisSettings, Settings
 
@@ -84,7 +84,8 @@ def send_page(app: Celery, job_id: str, lane: Lane, message_priority: int, *, sh
     Raises kombu's OperationalError when the broker is unreachable (callers map it).
     """
     app.send_task(TASK_PROCESS_PAGE, args=[job_id], queue=lane.queue, priority=message_priority, producer=producer,
-                  headers={HEADER: (share or Share()).header()}, **({"declare": []} if declared else {}))
+                  headers={HEADER: (share or Share()).header(), JOB_HEADER: job_id},
+                  **({"declare": []} if declared else {}))
 
 
 BATCH = 1000  # Redis commands per pipeline when publishing pages (kombu's default batch)

@@ -17,7 +17,7 @@ from paperlane.priority.broker import BATCH, PagePublisher, make_celery
 from paperlane.priority.fair import FairLanes, Share
 from paperlane.priority.keyspace import prefix_of
 from paperlane.priority.lanes import Lane, broker_keys
-from paperlane.priority.messages import PageMessage, page_job_id
+from paperlane.priority.messages import JOB_HEADER, PageMessage, page_job_id
 from paperlane.producer.input_items import Document
 from paperlane.producer.submit import submit_documents
 from paperlane.schemas import TaskSpec
@@ -252,9 +252,11 @@ def test_published_pages_go_out_in_pipelines_each_once_present_and_in_order(redi
     share = Share("acme", "ingest-1")
     PagePublisher(make_celery(settings)).publish(
         [PageMessage(job_id=j, lane=Lane.BATCH, message_priority=5, share=share) for j in ids])
-    buffered = [page_job_id(m) for key in reversed(broker_keys(Lane.BATCH)) for m in reversed(
-        redis_client.lrange(key, 0, -1))]
-    behind = [page_job_id(m) for m in FairLanes(redis_client).waiting(Lane.BATCH)]
+    on_lists = [m for key in reversed(broker_keys(Lane.BATCH)) for m in reversed(redis_client.lrange(key, 0, -1))]
+    waiting = FairLanes(redis_client).waiting(Lane.BATCH)
+    # The header the transport marks a page present by names the job its body names.
+    assert all(json.loads(m)["headers"][JOB_HEADER] == page_job_id(m) for m in on_lists + waiting)
+    buffered, behind = [page_job_id(m) for m in on_lists], [page_job_id(m) for m in waiting]
     assert buffered + behind == ids  # each once, in order: the buffer's first, then those waiting by fair share
     assert len(buffered) == (settings.fair_share.buffer if fair_share else len(ids))
     # Marked present while they wait: by fair share (the buffer's no longer, priority.presence), or on the lane.
