@@ -16,6 +16,7 @@ import pytest
 from paperlane.storage import jobs as jobstore
 from paperlane.storage import tenants
 from paperlane.storage.db import Database
+from paperlane.storage.tables import IngestRow
 from tests.api_server import ApiProcess
 from tests.conftest import Stack, until
 from tests.pages import tiny_page
@@ -77,3 +78,31 @@ def db_pages(db: Database, ingest_id: str) -> list[str]:
 
     with db.session() as s:
         return list(s.scalars(select(PageRow.job_id).where(PageRow.ingest_id == ingest_id)))
+
+
+def test_an_ingest_parked_for_room_when_the_api_stops_is_closed_with_why(
+        stack_factory: Callable[..., Stack], api_factory: Callable[[Stack], ApiProcess]) -> None:
+    """Parked (its tenant has no room; no thread holds it), then the API stops: the ingest does not stay
+    "registering" with no reason, it is closed saying the API stopped (docs/security.md)."""
+    stack = stack_factory()
+    api = api_factory(stack)
+    db = Database(stack.settings.database_url)
+    s3, inbox = stack.s3(), f"{stack.bucket}-inbox"
+    s3.create_bucket(Bucket=inbox)
+    key = tenants.create_key(db, tenant="parked").key
+    tenants.grant_ingest(db, "parked", inbox, "parked/")
+    tenants.set_limits(db, "parked", max_pages_in_flight=CAP)
+    for d in range(DOCUMENTS):
+        s3.put_object(Bucket=inbox, Key=f"parked/{d}.png", Body=tiny_page(900 + d))
+    resp = httpx.post(f"{api.url}/v1/ingests", json={"source": f"s3://{inbox}/parked/"},
+                      headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    assert resp.status_code == 202, resp.text
+    ingest_id = resp.json()["ingest_id"]
+    until(lambda: len(db_pages(db, ingest_id)) == CAP, what="the documents that fit")
+    api.stop()
+    with db.session() as session:
+        row = session.get(IngestRow, ingest_id)
+    assert row is not None
+    assert row.registered_at is not None and row.error is not None, api.output()
+    assert row.error.endswith("the API stopped while it was being registered") and f"after {CAP} documents" in row.error
+    db.dispose()

@@ -37,6 +37,7 @@ def create_app(settings: Settings, *, webhooks: bool = True) -> FastAPI:
             if dispatcher and task:
                 dispatcher.stop()
                 await task
+            await ingests.stop_registering(service)
             service.close()
 
     app = FastAPI(title="paperlane", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,

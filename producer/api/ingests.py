@@ -41,6 +41,7 @@ router = APIRouter(prefix="/v1/ingests", tags=["ingests"])
 
 T = TypeVar("T")
 
+_STOPPED = "the API stopped while it was being registered"  # an ingest's closing reason
 _ROOM_POLL = 2.0  # seconds between looks for room in the tenant's budget while an ingest waits for it (no thread)
 
 
@@ -148,12 +149,29 @@ async def _drive(svc: Service, who: Caller, first: Submitter, again: Callable[[]
         waiting = await loop.run_in_executor(svc.ingests, _register, svc, submitter, job)
         if not waiting:
             return
-        why = await _room(svc, who)
+        try:
+            why = await _room(svc, who)
+            if not why:
+                submitter = again()
+                await to_thread.run_sync(partial(submitter.open, name=job.name, sources=job.key))
+        except asyncio.CancelledError:  # the API is stopping (stop_registering): closed, saying so
+            _close(svc, submitter, _STOPPED)
+            raise
         if why:
             _close(svc, submitter, why)
             return
-        submitter = again()
-        await to_thread.run_sync(partial(submitter.open, name=job.name, sources=job.key))
+
+
+async def stop_registering(svc: Service) -> None:
+    """The API is stopping (call it as the app shuts down): registration ends; an ingest waiting for room in its
+    tenant's budget, which no thread holds, is closed now saying the API stopped (uvicorn ends the process on its
+    signal once the app has shut down: a task left waiting would never run again). One on an ingest thread stops
+    there (``Service.close`` waits for it) and is closed saying why."""
+    svc.stopping.set()
+    tasks = list(svc.registering)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _room(svc: Service, who: Caller) -> str | None:
@@ -167,7 +185,7 @@ async def _room(svc: Service, who: Caller) -> str | None:
         if in_flight < cap:
             return None
         await asyncio.sleep(_ROOM_POLL)
-    return "the API stopped while it was being registered"
+    return _STOPPED
 
 
 class _Stopped(Exception):
@@ -205,7 +223,7 @@ def _register(svc: Service, submitter: Submitter, job: _Job) -> bool:
         _close(svc, submitter, public_reason(exc), exc)
     except Exception as exc:
         stopped = svc.stopping.is_set()
-        _close(svc, submitter, "the API stopped while it was being registered" if stopped else public_reason(exc), exc)
+        _close(svc, submitter, _STOPPED if stopped else public_reason(exc), exc)
     return False
 
 
