@@ -11,7 +11,8 @@ peak RSS of the submit process is printed beside the archive's size.
 
 Round trips: the submit's SQL statements per page, from ``pg_stat_statements`` (loaded into the private PostgreSQL
 before the run: an execution of a multi-row statement is one), and its Redis commands per page, from Redis's
-``INFO commandstats`` before and after (a script is one EVALSHA; the commands it runs inside are counted too, apart).
+``INFO commandstats`` before and after (a script is one EVALSHA; the commands it runs inside are counted too, apart),
+and its round trips to Redis per page (``total_reads_processed``: the reads Redis served, a pipeline's one or few).
 
 Last lines: ``ingest_pages_per_s=`` (target >= 1000) and, with --tar-mb, ``ingest_tar_peak_rss_mb=``.
 """
@@ -133,8 +134,10 @@ def _sql_calls(admin: psycopg2.extensions.connection, database: str) -> Counter[
 
 
 def _redis_calls(r: redis_lib.Redis) -> Counter[str]:
-    return Counter({name.removeprefix("cmdstat_"): int(v["calls"])
-                    for name, v in r.info("commandstats").items()})
+    """Commands run, by name, and (``reads``) the reads Redis served: one per round trip, a pipeline's included."""
+    calls = Counter({name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in r.info("commandstats").items()})
+    calls["reads"] = int(r.info("stats")["total_reads_processed"])
+    return calls
 
 
 def _messages(settings: Settings) -> int:
@@ -182,7 +185,9 @@ def main() -> None:
                   f"{messages} messages in Redis; peak RSS {run.rss_kb / 1024:.0f} MB; submit CPU "
                   f"{run.cpu_s:.1f}s, {run.cpu_s * 1000 / args.pages:.2f} ms a page")
             _per_page("SQL statements", sql, args.pages)
+            reads = rcmds.pop("reads", 0)
             _per_page("Redis commands", rcmds, args.pages)
+            print(f"Redis round trips per page {reads / args.pages:.3f} ({reads} reads served, INFO stats)")
             if not (pages == jobs == messages == args.pages):
                 raise SystemExit("not every page was registered and published")
             if args.tar_mb:
