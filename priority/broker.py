@@ -14,14 +14,14 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
-from kombu.exceptions import OperationalError
+from kombu.exceptions import BatchPublishError, OperationalError
 
 from paperlane.errors import StorageUnavailable
 from paperlane.priority import keys
 from paperlane.priority.fair import HEADER, Share
 from paperlane.priority.lanes import PRIORITY_STEPS, TASK_PROCESS_PAGE, Lane
 from paperlane.priority.connection import SOCKET_TIMEOUT
-from paperlane.priority.messages import PageMessage
+from paperlane.priority.messages import JOB_HEADER, PageMessage
 from paperlane.schemas import Stage
 from paperlane.settings import RedisSettings, Settings
 
@@ -76,14 +76,19 @@ def make_celery(settings: Settings) -> Celery:
 
 
 def send_page(app: Celery, job_id: str, lane: Lane, message_priority: int, *, share: Share | None = None,
-              producer: Any = None) -> None:
+              producer: Any = None, declared: bool = False) -> None:
     """Publish one page's message on its lane's queue at its message priority (0 first), waiting there by its
-    ``share`` (tenant, ingest, weights; default: the command line's).
+    ``share`` (tenant, ingest, weights; default: the command line's). ``declared``: the caller declared the queue on
+    ``producer`` already (Celery would check for every message, a good part of its cost).
 
     Raises kombu's OperationalError when the broker is unreachable (callers map it).
     """
     app.send_task(TASK_PROCESS_PAGE, args=[job_id], queue=lane.queue, priority=message_priority, producer=producer,
-                  headers={HEADER: (share or Share()).header()})
+                  headers={HEADER: (share or Share()).header(), JOB_HEADER: job_id},
+                  **({"declare": []} if declared else {}))
+
+
+BATCH = 1000  # Redis commands per pipeline when publishing pages (kombu's default batch)
 
 
 class PagePublisher:
@@ -94,14 +99,17 @@ class PagePublisher:
         self._stage = stage  # the stage a broker that cannot be reached is reported at
 
     def publish(self, pages: list[PageMessage]) -> None:
-        """Hand ``pages`` to the workers, over one connection. Raises StorageUnavailable when the broker is
-        unreachable (the pages published before it are out)."""
+        """Hand ``pages`` to the workers, over one connection, in pipelines of up to ``BATCH`` Redis commands (a
+        page's is one, or two with fair share off). Raises StorageUnavailable when the broker is unreachable (the
+        pipelines sent before it are out; of the one that failed, some pages may be)."""
         try:
-            with self._app.producer_or_acquire() as producer:
+            with self._app.producer_or_acquire() as producer, producer.batch(max_size=BATCH):
+                for lane in sorted({page.lane for page in pages}):
+                    producer.maybe_declare(self._app.amqp.queues[lane.queue], retry=True)
                 for page in pages:
                     send_page(self._app, page.job_id, page.lane, page.message_priority, share=page.share,
-                              producer=producer)
-        except OperationalError as exc:
+                              producer=producer, declared=True)
+        except (OperationalError, BatchPublishError) as exc:
             raise StorageUnavailable(f"broker unreachable: {exc}", stage=self._stage.value) from exc
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from redis.client import Pipeline
 from redis.commands.core import Script
 
 from paperlane.priority import keys
@@ -307,12 +308,24 @@ class FairLanes:
         """Queue ``message`` (a page's, at message ``priority``, one of the lane's) behind its tenant and ingest in
         ``lane``, and refill the lane's buffer; how many messages moved to the buffer. ``job_id``: the page's, marked
         present (``priority.presence``) with it."""
+        return int(self._put(keys=_keys(lane), args=self._put_args(lane, message, priority, share, job_id),
+                             client=client or self._redis))
+
+    def put_command(self, pipe: Pipeline, lane: Lane, message: bytes | str, priority: int, share: Share, *,
+                    job_id: str | None = None) -> tuple[Any, ...]:
+        """``put`` as the arguments of one ``execute_command`` for ``pipe`` (a pipeline of a client of the same Redis
+        and key prefix), whose script this registers with it (loaded, if Redis lost it, before the pipeline runs).
+        The command's reply is ``put``'s."""
+        pipe.scripts.add(self._put)
+        keys_ = _keys(lane)
+        return ("EVALSHA", self._put.sha, len(keys_), *keys_, *self._put_args(lane, message, priority, share, job_id))
+
+    def _put_args(self, lane: Lane, message: bytes | str, priority: int, share: Share,
+                  job_id: str | None) -> list[Any]:
         if priority not in lane_priorities(lane):
             raise ValueError(f"message priority {priority} is not one of lane {lane.value}'s")
-        return int(self._put(keys=_keys(lane), args=[*_args(lane, self.buffer, self._prefix), message, priority,
-                                                       share.tenant, share.ingest, share.tenant_weight,
-                                                       share.ingest_weight, *([job_id] if job_id else [])],
-                             client=client or self._redis))
+        return [*_args(lane, self.buffer, self._prefix), message, priority, share.tenant, share.ingest,
+                share.tenant_weight, share.ingest_weight, *([job_id] if job_id else [])]
 
     def refill(self, lane: Lane, *, client: redis.Redis | None = None) -> int:
         """Move messages into ``lane``'s buffer until it holds ``buffer`` (or nothing waits); how many moved."""

@@ -36,10 +36,11 @@ class Lane(str, Enum):
     @classmethod
     def of_queue(cls, queue: str | None) -> Lane | None:
         """The lane whose queue is named ``queue`` (a message's routing key); None for any other name."""
-        return next((lane for lane in cls if lane.queue == queue), None)
+        return _BY_QUEUE.get(queue) if queue is not None else None
 
 
-ALL_QUEUES: tuple[str, ...] = tuple(lane.queue for lane in Lane)
+_BY_QUEUE: dict[str, Lane] = {lane.queue: lane for lane in Lane}  # of_queue runs for every message published and popped
+ALL_QUEUES: tuple[str, ...] = tuple(_BY_QUEUE)
 
 
 def broker_keys(lane: Lane) -> list[str]:

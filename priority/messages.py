@@ -67,6 +67,11 @@ class PageMessage(BaseModel):
                    share=fair.Share.of_words(share) if share else None)
 
 
+# A page message's job id again, in a header of its own: the transport marks the page present as it publishes it
+# (``priority.presence``) without parsing the message it was just handed. Workers read the body's, checked.
+JOB_HEADER = "paperlane_job"
+
+
 class BadMessage(ValueError):
     """A lane message no worker can take; ``reason`` says why in one line."""
 

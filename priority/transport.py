@@ -38,7 +38,7 @@ from paperlane.priority import fair, keys
 from paperlane.priority.deadletter import DeadLetters
 from paperlane.priority.keyspace import with_prefix
 from paperlane.priority.lanes import Lane
-from paperlane.priority.messages import BadMessage, page_job_id, page_share
+from paperlane.priority.messages import JOB_HEADER, BadMessage, page_job_id, page_share
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +87,6 @@ class Channel(kombu_redis.Channel):
     fair_buffer = 4
     # kombu types the attribute as its own tuple's exact shape; two more options make it longer.
     from_transport_options = (*kombu_redis.Channel.from_transport_options, "fair_share", "fair_buffer")  # type: ignore[assignment]
-    # A batch would buffer kombu's LPUSH commands; a lane message runs a script instead (published one by one).
-    supports_batch_publish = False
-
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._fair: fair.FairLanes | None = None
@@ -124,16 +121,24 @@ class Channel(kombu_redis.Channel):
         with self.conn_or_acquire() as client:
             yield with_prefix(client, self.global_keyprefix)
 
+    def create_publish_batch(self, max_size: int) -> kombu_redis.PublishBatch:
+        """kombu's publish batch (``Producer.batch``), on paperlane's prefixed client: a lane message's script is one
+        more command in its pipeline (``PagePublisher`` sends a chunk's pages in one round trip)."""
+        return _PublishBatch(self, max_size)
+
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
         lane = Lane.of_queue(queue)
         if lane is None:
             super()._put(queue, message, **kwargs)
             return
         raw = dumps(message)
-        job_id = _job_id(raw)
+        job_id = _job_id(raw, message.get("headers"))
+        batch: kombu_redis.PublishBatch | None = kwargs.get("_publish_batch")
         if not self.fair_share:
             super()._put(queue, message, **kwargs)
-            if job_id:  # after the message: a marker lost alone costs a duplicate, never a page
+            if job_id and batch is not None:  # after the message, in the same pipeline
+                batch.add("sadd", keys.PRESENT, job_id)
+            elif job_id:  # after the message: a marker lost alone costs a duplicate, never a page
                 with self.conn_or_acquire() as client:
                     client.sadd(keys.PRESENT, job_id)
             return
@@ -141,6 +146,10 @@ class Channel(kombu_redis.Channel):
         # A lane's messages keep to its priorities: a batch message cannot claim an interactive one.
         own = fair.lane_priorities(lane)
         priority = min(max(self._get_message_priority(message, reverse=False), own[0]), own[-1])
+        if batch is not None:
+            batch.add("execute_command", *self.lanes.put_command(batch.pipeline, lane, raw, priority, share,
+                                                                 job_id=job_id))
+            return
         with self._own_client() as client:
             self.lanes.put(lane, raw, priority, share, client=client, job_id=job_id)
 
@@ -188,7 +197,21 @@ class Channel(kombu_redis.Channel):
             DeadLetters(client).add(raw, reason=reason, queue=queue)
 
 
-def _job_id(raw: str | bytes) -> str | None:
+class _PublishBatch(kombu_redis.PublishBatch):
+    """kombu's batch with its pipeline on a client of ``priority.keyspace`` (kombu's own prefixes only the first key
+    of a script, and a lane message is a script): kombu's commands and paperlane's scripts, one pipeline."""
+
+    def __init__(self, channel: Channel, max_size: int) -> None:
+        super().__init__(channel, max_size)
+        client = self._stack.enter_context(channel._own_client())
+        self.pipeline = self._stack.enter_context(client.pipeline(transaction=False))
+
+
+def _job_id(raw: str | bytes, headers: dict[str, Any] | None = None) -> str | None:
+    """The page's job id: its producer's header (``broker.send_page``), else read from ``raw`` (validated; a
+    quarter of the cost of publishing a page); None for a message that is not a page's."""
+    if headers and isinstance(job_id := headers.get(JOB_HEADER), str):
+        return job_id
     try:
         return page_job_id(raw.encode() if isinstance(raw, str) else raw)
     except BadMessage:

@@ -13,8 +13,10 @@ same sources resumes: the documents it registered are not read into the store ag
 pages are all final when it is registered has its outputs due from that registration, like any other.
 
 An API tenant's ingest reserves each document's pages from the tenant's budget (``PageBudget``) once they are
-counted and before the document is stored; a document with more pages than the whole budget is refused, and
-what was reserved and never registered (the submit stopped) is given back, unless ``register_fitting`` asks for the
+counted and before the document is stored, out of a block of up to ``RESERVE_AHEAD`` pages reserved at once (one
+conditional UPDATE for many documents; only what is missing when a block does not fit, so a block never refuses a
+document that fits); a document with more pages than the whole budget is refused, and what was reserved and never
+registered (the submit stopped, or the block's rest) is given back, unless ``register_fitting`` asks for the
 documents staged before the budget ran out to be registered first (the API's S3 ingests, which continue later).
 
 Every message carries the ingest's fair share (its tenant, the tenant's weight, the ingest's weight), by which
@@ -34,7 +36,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
-from paperlane.errors import InputError, OverBudget, public_reason
+from paperlane.errors import InputError, MonthlyBudgetUsed, OverBudget, public_reason
 from paperlane.priority.fair import Share
 from paperlane.priority.lanes import Lane, message_priority
 from paperlane.priority.messages import PageMessage
@@ -57,6 +59,7 @@ PACK_BELOW = 1 << 20  # originals smaller than this share a pack object
 PACK_BYTES = 8 << 20  # a pack is uploaded when it holds this much
 CHUNK_PAGES = 500  # pages registered per transaction
 IN_FLIGHT_BYTES = 256 << 20  # originals read and not yet uploaded
+RESERVE_AHEAD = 64  # pages of a tenant's budget reserved at once, for the documents to come (given back if unused)
 
 
 class SubmitAction(str, Enum):
@@ -161,6 +164,8 @@ class Submitter:
         self.pages = pages
         self.register_fitting = register_fitting  # out of budget: register the documents staged so far, then stop
         self._reserved = 0  # pages reserved for documents staged and not registered yet
+        self._ahead = 0  # pages reserved for documents not read yet (``_take``)
+        self._block = RESERVE_AHEAD  # how many pages the next reservation asks for
 
     def submit(self, items: Iterable[Document | Skipped], *, name: str,
                sources: list[str]) -> Iterator[SubmittedPage | Skipped]:
@@ -175,9 +180,9 @@ class Submitter:
         finally:
             if self._own_uploads:
                 self._uploads.shutdown(wait=True, cancel_futures=True)
-            if self.pages is not None and self._reserved:
-                self.pages.release(self._reserved)
-                self._reserved = 0
+            if self.pages is not None and self._reserved + self._ahead:
+                self.pages.release(self._reserved + self._ahead)
+                self._reserved = self._ahead = 0
         ingests.close_ingest(self.db, ingest_id, skipped=self.summary.skipped)
 
     def open(self, *, name: str, sources: list[str]) -> str:
@@ -249,15 +254,44 @@ class Submitter:
             return doc, 0
         pages = 1 if doc.error is not None else doc.page_count
         try:
-            self.pages.reserve(pages)
+            self._take(pages)
         except OverBudget as exc:
             if exc.retryable:
                 raise
             doc = Document(doc.source, doc.name, doc.ext, b"", 1, InputError(str(exc), stage=Stage.UPLOAD.value))
             pages = 1
-            self.pages.reserve(pages)
+            self._take(pages)
         self._reserved += pages
         return doc, pages
+
+    def _take(self, pages: int) -> None:
+        """Take ``pages`` from those reserved ahead, reserving more first when too few are left: a block (one UPDATE
+        for many documents), or only what is missing when the block does not fit (then the next block is smaller).
+        Raises what ``PageBudget.reserve`` raises for what is missing (OverBudget names the document's pages)."""
+        assert self.pages is not None
+        missing = pages - self._ahead
+        if missing > 0:
+            block = max(missing, self._block)
+            try:
+                self.pages.reserve(block)
+                self._block = min(RESERVE_AHEAD, self._block * 2)
+            except (OverBudget, MonthlyBudgetUsed):
+                if block == missing:
+                    raise
+                self._block = max(1, self._block // 4)
+                self._reserve_missing(pages, missing)
+                block = missing
+            self._ahead += block
+        self._ahead -= pages
+
+    def _reserve_missing(self, pages: int, missing: int) -> None:
+        assert self.pages is not None
+        try:
+            self.pages.reserve(missing)
+        except OverBudget as exc:
+            if exc.retryable:
+                raise
+            raise OverBudget(asked=pages, in_flight=exc.in_flight, cap=exc.cap) from exc
 
     def _upload(self, key: str, data: bytes | bytearray) -> Future[None]:
         units = max(1, min(len(data) >> 16, IN_FLIGHT_BYTES >> 16))

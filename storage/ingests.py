@@ -220,10 +220,14 @@ def _insert_jobs(s: Session, dialect: str, jobs: list[dict[str, Any]], pages: li
     another id) is pointed at that job. The keys are claimed in ``job_keys`` first: jobs are partitioned by id on
     PostgreSQL, where no unique key can span partitions, and a key claimed twice, even at once, is one job."""
     claims = [{"job_key": j["job_key"], "job_id": j["id"]} for j in jobs]
-    s.execute(_insert(dialect, _KEYS).on_conflict_do_nothing(index_elements=["job_key"]), claims)
-    keys = {j["job_key"] for j in jobs}
-    owner: dict[str, str] = {key: job_id for key, job_id in s.execute(
-        select(_KEYS.c.job_key, _KEYS.c.job_id).where(_KEYS.c.job_key.in_(keys)))}
+    # RETURNING makes it a few multi-row INSERTs (insertmanyvalues); without it psycopg2 sends one per key.
+    stmt = _insert(dialect, _KEYS).on_conflict_do_nothing(index_elements=["job_key"])
+    owner: dict[str, str] = {key: job_id for key, job_id in s.execute(stmt.returning(_KEYS.c.job_key, _KEYS.c.job_id),
+                                                                         claims)}
+    taken = {j["job_key"] for j in jobs} - owner.keys()  # claimed before (another id), not by this chunk
+    if taken:
+        owner.update((key, job_id) for key, job_id in s.execute(
+            select(_KEYS.c.job_key, _KEYS.c.job_id).where(_KEYS.c.job_key.in_(taken))))
     moved = {j["id"]: owner[j["job_key"]] for j in jobs if owner[j["job_key"]] != j["id"]}
     fresh = [j for j in jobs if j["id"] not in moved]
     for page in pages:

@@ -12,13 +12,16 @@ from pathlib import Path
 import pytest
 import redis
 
-from paperlane.priority import keys
-from paperlane.priority.broker import PagePublisher, make_celery
+from paperlane.priority import keys, presence
+from paperlane.priority.broker import BATCH, PagePublisher, make_celery
 from paperlane.priority.fair import FairLanes, Share
+from paperlane.priority.keyspace import prefix_of
 from paperlane.priority.lanes import Lane, broker_keys
+from paperlane.priority.messages import JOB_HEADER, PageMessage, page_job_id
 from paperlane.producer.input_items import Document
 from paperlane.producer.submit import submit_documents
 from paperlane.schemas import TaskSpec
+from paperlane.settings import FairShareSettings, RedisSettings, Settings
 from paperlane.storage import ingests, tenants, usage
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
@@ -234,3 +237,27 @@ def test_a_small_batch_behind_a_large_backlog_finishes_while_the_backlog_waits(
 
 def _finished(db: Database, ids: list[str]) -> int:
     return sum(r.status == "succeeded" for r in jobstore.get_jobs(db, ids))
+
+
+@pytest.mark.parametrize("fair_share", [True, False], ids=["fair", "fifo"])
+def test_published_pages_go_out_in_pipelines_each_once_present_and_in_order(redis_client: redis.Redis,
+                                                                           redis_service: Service,
+                                                                           fair_share: bool) -> None:
+    """PagePublisher sends pages in pipelines of up to BATCH commands (kombu's Producer.batch on the transport's
+    prefixed client): more pages than one pipeline holds all arrive, once each, under the key prefix, marked present,
+    in the order they were published."""
+    settings = Settings(redis=RedisSettings(url=redis_service.url, key_prefix=prefix_of(redis_client)),
+                        fair_share=FairShareSettings(enabled=fair_share))
+    ids = [f"job-{i:05d}" for i in range(BATCH + 200)]
+    share = Share("acme", "ingest-1")
+    PagePublisher(make_celery(settings)).publish(
+        [PageMessage(job_id=j, lane=Lane.BATCH, message_priority=5, share=share) for j in ids])
+    on_lists = [m for key in reversed(broker_keys(Lane.BATCH)) for m in reversed(redis_client.lrange(key, 0, -1))]
+    waiting = FairLanes(redis_client).waiting(Lane.BATCH)
+    # The header the transport marks a page present by names the job its body names.
+    assert all(json.loads(m)["headers"][JOB_HEADER] == page_job_id(m) for m in on_lists + waiting)
+    buffered, behind = [page_job_id(m) for m in on_lists], [page_job_id(m) for m in waiting]
+    assert buffered + behind == ids  # each once, in order: the buffer's first, then those waiting by fair share
+    assert len(buffered) == (settings.fair_share.buffer if fair_share else len(ids))
+    # Marked present while they wait: by fair share (the buffer's no longer, priority.presence), or on the lane.
+    assert presence.missing(redis_client, ids) == (buffered if fair_share else [])

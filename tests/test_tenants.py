@@ -13,7 +13,7 @@ from alembic.migration import MigrationContext
 
 from paperlane.errors import OverBudget, UsageError
 from paperlane.producer.input_items import Document
-from paperlane.producer.submit import SubmittedPage, Submitter
+from paperlane.producer.submit import RESERVE_AHEAD, SubmittedPage, Submitter
 from paperlane.retry import RetryPolicy
 from paperlane.schemas import TaskSpec
 from paperlane.storage import ingests, tenants, webhooks
@@ -145,6 +145,43 @@ def test_pages_in_flight_are_reserved_atomically_and_released_as_pages_finish(db
     with pytest.raises(OverBudget) as raised:
         submit([doc("b", tiny_page(4)), doc("c", tiny_page(5), pages=3)])
     assert raised.value.retryable and budget.room() == (5, 6)
+
+
+class _Counted:
+    """A tenant's real budget, its reservations counted (the UPDATEs registration costs)."""
+
+    def __init__(self, budget: tenants.PageBudget) -> None:
+        self.budget, self.reservations = budget, 0
+
+    def reserve(self, pages: int) -> None:
+        self.reservations += 1
+        self.budget.reserve(pages)
+
+    def release(self, pages: int) -> None:
+        self.budget.release(pages)
+
+
+def test_an_ingest_reserves_its_budget_a_block_at_a_time_and_keeps_only_what_it_registers(db: Database,
+                                                                                           tmp_path: Path) -> None:
+    made = tenants.create_key(db, tenant="bulk")
+    owner = ingests.Owner(made.tenant_id, made.key_id, None)
+    docs = [doc(f"p{i}", tiny_page(i)) for i in range(150)]
+
+    def submit(budget: _Counted, name: str) -> list[SubmittedPage]:
+        sub = Submitter(db=db, store=LocalStore(tmp_path), spec=TaskSpec(), owner=owner, pages=budget, chunk_pages=50)
+        return [p for p in sub.submit(docs, name=name, sources=[]) if isinstance(p, SubmittedPage)]
+
+    roomy = _Counted(_budget(db, made.tenant_id, 1000))
+    assert len(submit(roomy, "all")) == 150
+    # A page a document: 150 reservations before, one a block now; the blocks' rest given back.
+    assert roomy.reservations <= -(-150 // RESERVE_AHEAD) + 1
+    assert roomy.budget.room() == (150, 1000) and roomy.budget.month() == 150
+    # 100 pages of room left under a cap of 250: two chunks of 50 are registered, then the submit stops. A block asked
+    # for when it does not fit gives way to the one page missing; nothing past the cap is ever reserved.
+    tight = _Counted(_budget(db, made.tenant_id, 250))
+    with pytest.raises(OverBudget) as raised:
+        submit(tight, "again")
+    assert raised.value.retryable and tight.budget.room() == (250, 250) and tight.budget.month() == 250
 
 
 def _try(fn: Callable[[int], None], n: int) -> Exception | None:
