@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from paperlane.errors import EngineUnavailable
 from paperlane.priority.broker import PagePublisher, make_celery
 from paperlane.priority.fair import HEADER, Share
+from paperlane.priority.keyspace import KeyPrefixedRedis
 from paperlane.priority.lanes import Lane
 from paperlane.priority.messages import PageMessage, page_job_id
 from paperlane.retry import Action, RetryPolicy
@@ -41,10 +42,11 @@ def test_what_a_task_is_handed_defaults_as_the_worker_always_did() -> None:
     assert got == PageMessage(job_id="j", lane=Lane.BATCH, message_priority=Lane.BATCH.base_priority)
 
 
-def test_a_published_page_is_handed_to_its_task_as_it_was_published(redis_service: Service) -> None:
-    client = redis.Redis.from_url(redis_service.url)
-    client.flushall()
-    app = make_celery(Settings(redis=RedisSettings(url=redis_service.url)))
+def test_a_published_page_is_handed_to_its_task_as_it_was_published(redis_service: Service,
+                                                                    redis_client: redis.Redis) -> None:
+    client = redis_client  # this test's own keys (conftest deletes them after): none left for later tests to find
+    assert isinstance(client, KeyPrefixedRedis)
+    app = make_celery(Settings(redis=RedisSettings(url=redis_service.url, key_prefix=client.key_prefix)))
     page = PageMessage(job_id="job-42", lane=Lane.INTERACTIVE, message_priority=3, share=SHARE)
     PagePublisher(app).publish([page])
     raw = until(lambda: client.rpop(f"{Lane.INTERACTIVE.queue}:3"), what="the published message")
