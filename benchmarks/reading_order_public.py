@@ -98,10 +98,10 @@ def region_order(lines: list[Line], regions: list[Found], page: PublicPage) -> l
     return order_regions(lines, regions, page_size=page.size)[0]
 
 
-def run(root: Path, *, cache: Path | None, per_page: bool) -> None:
+def run(root: Path, *, cache: Path | None, per_page: bool, halves: tuple[str, ...] = ("develop", "measure")) -> None:
     engine = RapidEngine(layout_model="auto")
     engine.start()
-    pages = [(page, *read_page(page, engine, cache)) for page in load(root)]
+    pages = [(page, *read_page(page, engine, cache)) for page in load(root) if half(page.name) in halves]
     for name, order in (("geometry", geometry_order), ("regions", region_order)):
         scores = [score(page, lines, regions, order) for page, lines, regions in pages]
         print(f"== {name}: {order.__doc__.splitlines()[0]}")
@@ -110,7 +110,7 @@ def run(root: Path, *, cache: Path | None, per_page: bool) -> None:
                 if s.half == "develop":
                     print(f"  {s.language[:7]:7} cer={s.cer:.3f} best={s.best:.3f} regions={s.regions:.3f} "
                           f"chars_f1={s.chars:.3f} {s.page[:60]}")
-        for half_name in ("develop", "measure"):
+        for half_name in halves:
             summary(f"{name}-{half_name}", [s for s in scores if s.half == half_name])
 
 

@@ -84,6 +84,18 @@ def line_groups(lines: Sequence[Line], *, page_height: float | None = None,
     return list(zip(_margin_kinds(groups, boxes, unit, page_height, settings), groups))
 
 
+def column_pieces(boxes: Sequence[Box], *, unit: float, settings: LayoutSettings | None = None,
+                  rtl: bool = False) -> list[list[int]]:
+    """The indices of ``boxes`` cut as ``order_lines`` cuts them at the top: into runs, top to bottom, and each
+    run into its columns of running text. One piece, all of them, when no run has columns."""
+    cutter = _Cutter(list(boxes), unit, settings or LayoutSettings(), rtl)
+    runs = cutter._runs(list(range(len(boxes))))
+    split = [cutter._columns(run) if len(run) > 1 else None for run in runs]
+    if not any(split):
+        return [list(range(len(boxes)))]
+    return [piece for run, columns in zip(runs, split) for piece in (columns or [run])]
+
+
 def quad_box(quad: Sequence[Point]) -> Box:
     xs, ys = [p[0] for p in quad], [p[1] for p in quad]
     return min(xs), min(ys), max(xs), max(ys)

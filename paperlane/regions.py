@@ -14,8 +14,13 @@ them, each group a region of its own. Then:
    blank vertical strip runs through every region of it into columns, read left to right (right to left on
    a right-to-left page). So a title or a figure across the columns ends the columns above it and starts
    those below it, and a footnote under the columns is read after them. Regions overlap a little where the model's boxes are loose: a strip is blank when no
-   region reaches more than ``region_slack`` line heights into it. A set that neither cut separates is read
-   by its regions' tops.
+   region reaches more than ``region_slack`` line heights into it. A set that neither cut separates (a
+   newspaper's headline over some of its columns, beside another article's) is read by precedence
+   (``paperlane.precedence``: above before below where they overlap, left before right unless something
+   across both lies between them), not by its regions' tops, which would read across the columns.
+   Before the cuts, a region whose lines have a gutter between columns of running text (the model drew one
+   box across two columns) is cut into those columns and the runs above and below them
+   (``paperlane.layout.column_pieces``), so that each column is read in its place on the page.
 3. Captions stay where they stand (next to what they caption, which the cuts keep together); a table's lines
    are read in rows within its region, which is read in its place.
 4. Within a region, the lines are ordered by ``paperlane.layout`` (a region the model drew across two columns
@@ -31,7 +36,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from paperlane.layout import Box, box_quad, is_rtl, line_groups, order_lines, quad_box, union_box
+from paperlane.layout import Box, box_quad, column_pieces, is_rtl, line_groups, order_lines, quad_box, union_box
+from paperlane.precedence import precedence_order
 from paperlane.schemas import Block, BlockKind, Line
 from paperlane.settings import LayoutSettings
 
@@ -77,6 +83,7 @@ def order_regions(lines: Sequence[Line], regions: Sequence[Found], *, page_size:
     parts = [p for p in parts if p.lines] + _orphans(lines, boxes, placed, page_size, settings)
     owner = {i: n for n, p in enumerate(parts) for i in p.lines}
     parts = [piece for n, p in enumerate(parts) for piece in _unmixed(p, n, boxes, owner)]
+    parts = [piece for p in parts for piece in _columns_of(p, boxes, unit, settings)]
     for p in parts:
         if p.kind is BlockKind.FOOTER and all(lines[i].text.strip().isdigit() for i in p.lines):
             p.kind = BlockKind.PAGE_NUMBER
@@ -104,6 +111,19 @@ def _unmixed(part: _Region, number: int, boxes: list[Box], owner: dict[int, int]
             pieces.append([])
         pieces[-1].append(i)
     return [_Region(part.kind, union_box([boxes[i] for i in piece]), piece) for piece in pieces]
+
+
+def _columns_of(part: _Region, boxes: list[Box], unit: float, settings: LayoutSettings) -> list[_Region]:
+    """A region the model drew across columns (its lines have a gutter between columns of running text), cut
+    into those columns (and the runs above and below them), so that each is read in its place on the page;
+    a table stays whole."""
+    if part.kind is BlockKind.TABLE or len(part.lines) < 2 * settings.min_column_lines:
+        return [part]
+    pieces = column_pieces([boxes[i] for i in part.lines], unit=unit, settings=settings)
+    if len(pieces) < 2:
+        return [part]
+    return [_Region(part.kind, union_box([boxes[part.lines[k]] for k in piece]), [part.lines[k] for k in piece])
+            for piece in pieces]
 
 
 def _centre(b: Box) -> tuple[float, float]:
@@ -165,7 +185,7 @@ class _Cut:
         columns = self._columns(parts)
         if columns:
             return [p for col in columns for p in self.order(col)]
-        return sorted(parts, key=lambda p: (p.box[1], p.box[0]))
+        return [parts[i] for i in precedence_order([p.box for p in parts], slack=self.slack, rtl=self.rtl)]
 
     def _columns(self, parts: list[_Region]) -> list[list[_Region]] | None:
         """``parts`` cut at blank vertical strips into columns each at least ``min_width`` wide, in reading

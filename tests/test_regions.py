@@ -232,3 +232,41 @@ def test_a_footnote_narrower_than_a_column_is_read_after_both_columns() -> None:
     read, _ = _read([*a, *b, *c, *d, *note], regions)
 
     assert read == _names(a, c, b, d, note)
+
+
+def test_articles_whose_headlines_span_only_some_columns_are_read_article_by_article() -> None:
+    # No straight cut crosses this page (each headline spans two of three columns): the regions are read by
+    # precedence, column by column under each headline, never by their tops across the page.
+    first = [Line(text="Headline", quad=_quad(100, 60, 680, 40))]
+    a, b = _column("A", 100, 140, 320, 25), _column("B", 460, 140, 320, 15)
+    c = _column("C", 820, 60, 320, 18)
+    second = [Line(text="Second", quad=_quad(460, 620, 680, 40))]
+    d, e = _column("D", 460, 700, 320, 8), _column("E", 820, 700, 320, 8)
+    regions = [Found("title", _box(first)), Found("title", _box(second))] + [
+        Found("text", _box(g)) for g in (a, b, c, d, e)]
+
+    read, _ = _read([*first, *a, *b, *c, *second, *d, *e], regions)
+
+    assert read == _names(first, a, b, c, second, d, e)
+
+
+def test_a_region_drawn_across_two_columns_is_cut_at_their_gutter() -> None:
+    # The model found the upper halves of both columns apart and drew one box over both lower halves.
+    a, b = _column("A", 100, 100, 480, 8), _column("B", 620, 100, 480, 8)
+    c, d = _column("C", 100, 340, 480, 6), _column("D", 620, 340, 480, 6)
+    regions = [Found("text", _box(a)), Found("text", _box(b)), Found("text", _box(c + d))]
+
+    read, _ = _read([*a, *b, *c, *d], regions)
+
+    assert read == _names(a, c, b, d)
+
+
+def test_precedence_reads_columns_under_a_title_in_the_script_s_direction() -> None:
+    from paperlane.precedence import precedence_order
+
+    # The right column starts higher than the left one: by tops alone it would come first.
+    title, left, right = (0.0, 0.0, 900.0, 40.0), (0.0, 120.0, 400.0, 800.0), (500.0, 60.0, 900.0, 800.0)
+    footnote = (0.0, 850.0, 600.0, 870.0)
+
+    assert precedence_order([right, footnote, title, left], slack=10.0) == [2, 3, 0, 1]
+    assert precedence_order([right, footnote, title, left], slack=10.0, rtl=True) == [2, 0, 3, 1]
