@@ -84,6 +84,7 @@ def order_regions(lines: Sequence[Line], regions: Sequence[Found], *, page_size:
     owner = {i: n for n, p in enumerate(parts) for i in p.lines}
     parts = [piece for n, p in enumerate(parts) for piece in _unmixed(p, n, boxes, owner)]
     parts = [piece for p in parts for piece in _columns_of(p, boxes, unit, settings)]
+    _inner_margins(parts)
     for p in parts:
         if p.kind is BlockKind.FOOTER and all(lines[i].text.strip().isdigit() for i in p.lines):
             p.kind = BlockKind.PAGE_NUMBER
@@ -111,6 +112,17 @@ def _unmixed(part: _Region, number: int, boxes: list[Box], owner: dict[int, int]
             pieces.append([])
         pieces[-1].append(i)
     return [_Region(part.kind, union_box([boxes[i] for i in piece]), piece) for piece in pieces]
+
+
+def _inner_margins(parts: list[_Region]) -> None:
+    """A running head with text wholly above it, or a running foot with text wholly below it, is no page
+    margin (the model took a kicker, a section line or a caption for one): it becomes a paragraph, read in
+    its place instead of first or last."""
+    body = [p.box for p in parts if p.kind not in _FIRST | _LAST]
+    for p in parts:
+        if (p.kind in _FIRST and any(b[3] <= p.box[1] for b in body)) or (
+                p.kind in _LAST and any(b[1] >= p.box[3] for b in body)):
+            p.kind = BlockKind.PARAGRAPH
 
 
 def _columns_of(part: _Region, boxes: list[Box], unit: float, settings: LayoutSettings) -> list[_Region]:
