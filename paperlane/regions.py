@@ -8,6 +8,7 @@ them, each group a region of its own. Then:
 
 1. Running heads (``header``) are read first and running feet and page numbers (``footer``) last, each kept
    with its kind; ``layout.margins = "omit"`` leaves them out of ``text`` (they stay in the lines and blocks).
+   A head with text wholly above it, or a foot with text wholly below it, is no margin: a paragraph in place.
 2. The other regions are cut recursively, XY-cut style: into bands where a blank horizontal strip crosses the
    set, read top to bottom, consecutive bands joined again while each splits into columns and together they
    still do (columns run on through gaps that happen to line up); a set that is one such run is cut where a

@@ -270,3 +270,17 @@ def test_precedence_reads_columns_under_a_title_in_the_script_s_direction() -> N
 
     assert precedence_order([right, footnote, title, left], slack=10.0) == [2, 3, 0, 1]
     assert precedence_order([right, footnote, title, left], slack=10.0, rtl=True) == [2, 0, 3, 1]
+
+
+def test_a_running_head_with_text_above_it_is_read_in_its_place() -> None:
+    # The model labelled a kicker between two paragraphs "header": it is no page margin, so it is not read first.
+    top, bottom = _column("T", 100, 100, 900, 4), _column("B", 100, 320, 900, 4)
+    kicker = [Line(text="Kicker", quad=_quad(100, 260, 300))]
+    head = [Line(text="Chapter", quad=_quad(100, 20, 300))]
+    regions = [Found("header", _box(head)), Found("text", _box(top)), Found("header", _box(kicker)),
+               Found("text", _box(bottom))]
+
+    read, kinds = _read([*bottom, *kicker, *top, *head], regions)
+
+    assert read == _names(head, top, kicker, bottom)
+    assert kinds[0] is BlockKind.HEADER and kinds[read.index("Kicker")] is BlockKind.PARAGRAPH
