@@ -105,16 +105,18 @@ def test_lines_in_no_region_keep_a_region_of_their_own_in_their_place() -> None:
 
 def test_running_heads_first_feet_and_page_numbers_last_with_their_kinds() -> None:
     head = [Line(text="Chapter", quad=_quad(100, 20, 300))]
-    body = _column("X", 100, 100, 900, 6)
+    body, rest = _column("X", 100, 100, 900, 6), _column("Y", 100, 330, 900, 3)
+    kicker = [Line(text="Kicker", quad=_quad(100, 285, 300))]  # labelled a head, with text above: read in place
     foot = [Line(text="A journal", quad=_quad(100, 1500, 300))]
     number = [Line(text="17", quad=_quad(1000, 1500, 40))]
-    regions = [Found("header", _box(head)), Found("text", _box(body)), Found("footer", _box(foot)),
-               Found("footer", _box(number))]
+    regions = [Found("header", _box(head)), Found("text", _box(body)), Found("header", _box(kicker)),
+               Found("text", _box(rest)), Found("footer", _box(foot)), Found("footer", _box(number))]
 
-    read, kinds = _read([*number, *body, *foot, *head], regions)
+    read, kinds = _read([*number, *rest, *body, *kicker, *foot, *head], regions)
 
-    assert read == _names(head, body, foot, number)
+    assert read == _names(head, body, kicker, rest, foot, number)
     assert kinds[0] is BlockKind.HEADER and kinds[-2] is BlockKind.FOOTER and kinds[-1] is BlockKind.PAGE_NUMBER
+    assert kinds[read.index("Kicker")] is BlockKind.PARAGRAPH
 
 
 def test_a_right_to_left_page_reads_its_columns_right_to_left() -> None:
@@ -271,16 +273,3 @@ def test_precedence_reads_columns_under_a_title_in_the_script_s_direction() -> N
     assert precedence_order([right, footnote, title, left], slack=10.0) == [2, 3, 0, 1]
     assert precedence_order([right, footnote, title, left], slack=10.0, rtl=True) == [2, 0, 3, 1]
 
-
-def test_a_running_head_with_text_above_it_is_read_in_its_place() -> None:
-    # The model labelled a kicker between two paragraphs "header": it is no page margin, so it is not read first.
-    top, bottom = _column("T", 100, 100, 900, 4), _column("B", 100, 320, 900, 4)
-    kicker = [Line(text="Kicker", quad=_quad(100, 260, 300))]
-    head = [Line(text="Chapter", quad=_quad(100, 20, 300))]
-    regions = [Found("header", _box(head)), Found("text", _box(top)), Found("header", _box(kicker)),
-               Found("text", _box(bottom))]
-
-    read, kinds = _read([*bottom, *kicker, *top, *head], regions)
-
-    assert read == _names(head, top, kicker, bottom)
-    assert kinds[0] is BlockKind.HEADER and kinds[read.index("Kicker")] is BlockKind.PARAGRAPH
