@@ -10,6 +10,7 @@ from pathlib import Path
 from statistics import mean
 
 from benchmarks.public_pages import PublicPage, char_f1, half, load, region_order_distance, word_f1
+from paperlane.gutters import split_at_gutters
 from paperlane.layout import order_lines, quad_box
 from paperlane.models.engine import EngineOutput, EngineRequest
 from paperlane.models.rapid import RapidEngine
@@ -84,7 +85,7 @@ def score(page: PublicPage, lines: list[Line], regions: list[Found], order: Orde
     truth = page.text
     visits = [v for v in (page.block_of(quad_box(ln.quad or [])) for ln in ordered) if v is not None]
     return Score(page.name, half(page.name), page.language, cer_nospace(text, truth),
-                 cer_nospace("\n".join(ln.text for ln in best_order(lines, page)), truth),
+                 cer_nospace("\n".join(ln.text for ln in best_order(ordered, page)), truth),
                  char_f1(text, truth), word_f1(text, truth), region_order_distance(visits, len(page.truth)), cpu)
 
 
@@ -94,8 +95,9 @@ def geometry_order(lines: list[Line], regions: list[Found], page: PublicPage) ->
 
 
 def region_order(lines: list[Line], regions: list[Found], page: PublicPage) -> list[Line]:
-    """paperlane's order over the layout model's regions (``regions.order_regions``), as the pipeline has it."""
-    return order_regions(lines, regions, page_size=page.size)[0]
+    """paperlane's order over the layout model's regions (``regions.order_regions``), as the pipeline has it:
+    lines run across a column gutter cut there first (``gutters.split_at_gutters``)."""
+    return order_regions(split_at_gutters(lines), regions, page_size=page.size)[0]
 
 
 def run(root: Path, *, cache: Path | None, per_page: bool, halves: tuple[str, ...] = ("develop", "measure")) -> None:
