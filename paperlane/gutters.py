@@ -13,8 +13,8 @@ such lines can be right. A line is cut between two of its words where the gap be
   ``min_piece`` line heights, reaching within ``min_piece`` of the strip. A blank strip running down between
   the text of several lines is a gutter; a word space in one line is not, nor (mostly) a river of spaces
   through justified text, nor the gap between a receipt's items and their prices (too short to flank it).
-  Lines whose words enter the strip (a headline across the columns) are passed over while they are at most
-  a third of the flanking ones.
+  A line of running text whose word enters the strip makes it a word space; a taller line (at least 1.5
+  line heights: a headline across the columns) is passed over.
 
 Only lines with the engine's own word boxes are cut (``Word.estimated`` is false; a Chinese line with no spaces
 is one word, and is never cut); each piece keeps its words, its text is theirs joined by spaces, its quad runs
@@ -33,16 +33,17 @@ from paperlane.schemas import Line, Word
 from paperlane.settings import LayoutSettings
 
 Span = tuple[float, float]
+_TALL = 1.5  # a line this many median line heights tall is a headline, not running text
 
 
 def split_at_gutters(lines: Sequence[Line], *, settings: LayoutSettings | None = None) -> list[Line]:
     """``lines`` with each one that crosses a gutter cut there, the pieces in its place, left to right."""
     settings = settings or LayoutSettings()
     spans = [_word_spans(ln) for ln in lines]
-    heights = [_height(ln) for ln in lines if ln.quad]
-    if not heights or not any(len(s) > 1 for s in spans):
+    heights = [_height(ln) if ln.quad else 0.0 for ln in lines]
+    if not any(len(s) > 1 for s in spans):
         return list(lines)
-    unit = max(1.0, statistics.median(heights))
+    unit = max(1.0, statistics.median(h for ln, h in zip(lines, heights) if ln.quad))
     middles = [_middle(ln) for ln in lines]
     by_middle = sorted(range(len(lines)), key=lambda i: middles[i])
     keys = [middles[i] for i in by_middle]
@@ -53,7 +54,7 @@ def split_at_gutters(lines: Sequence[Line], *, settings: LayoutSettings | None =
             continue
         reach = settings.gutter_reach * unit
         near = by_middle[bisect.bisect_left(keys, middles[i] - reach):bisect.bisect_right(keys, middles[i] + reach)]
-        cuts = [k for k in range(1, len(spans[i])) if _gutter(i, k, spans, near, unit, settings)]
+        cuts = [k for k in range(1, len(spans[i])) if _gutter(i, k, spans, heights, near, unit, settings)]
         out += _pieces(ln, cuts) if cuts else [_trimmed(ln)]
     return out
 
@@ -64,7 +65,7 @@ def _trimmed(line: Line) -> Line:
     return line.model_copy(update={"quad": _piece(line, line.words or []).quad})
 
 
-def _gutter(i: int, k: int, spans: list[list[Span]], near: list[int], unit: float,
+def _gutter(i: int, k: int, spans: list[list[Span]], heights: list[float], near: list[int], unit: float,
             settings: LayoutSettings) -> bool:
     """Whether the gap before word ``k`` of line ``i`` is a gutter (see the module's rules)."""
     own = spans[i]
@@ -73,16 +74,17 @@ def _gutter(i: int, k: int, spans: list[list[Span]], near: list[int], unit: floa
     if strip[1] - strip[0] < wide:
         return False
     piece = settings.min_piece * unit
-    left = right = entering = 0
+    left = right = 0
     for j in near:
         narrowed = _narrowed(strip, spans[j])
         if narrowed[1] - narrowed[0] < wide:
-            entering += 1  # a headline across the columns, or a word where the gap is a word space
-            continue
+            if heights[j] <= _TALL * unit:
+                return False  # a word of the running text where the gap is: a word space
+            continue  # a headline across the columns
         strip = narrowed
         left += _flank([s for s in spans[j] if s[1] <= strip[0]], strip[0], piece)
         right += _flank([s for s in spans[j] if s[0] >= strip[1]], strip[1], piece)
-    return min(left, right) >= settings.gutter_lines and 3 * entering <= min(left, right)
+    return min(left, right) >= settings.gutter_lines
 
 
 def _flank(words: list[Span], edge: float, piece: float) -> bool:

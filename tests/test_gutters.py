@@ -9,15 +9,16 @@ from paperlane.schemas import Line, Word
 HEIGHT, PITCH, CHAR = 20.0, 28.0, 10.0
 
 
-def _line(row: int, *runs: tuple[float, list[str]]) -> Line:
-    """A line of boxed words at ``row``: each run starts at its x, words a space (one character) apart."""
-    y = 100 + row * PITCH
+def _line(row: int, *runs: tuple[float, list[str]], size: float = 1.0) -> Line:
+    """A line of boxed words at ``row``: each run starts at its x, words a space (one character) apart; ``size``
+    scales its characters (a headline's are larger)."""
+    y, h = 100 + row * PITCH, HEIGHT * size
     words = []
     for x, texts in runs:
         for text in texts:
-            w = len(text) * CHAR
-            words.append(Word(text=text, quad=[(x, y), (x + w, y), (x + w, y + HEIGHT), (x, y + HEIGHT)]))
-            x += w + CHAR
+            w = len(text) * CHAR * size
+            words.append(Word(text=text, quad=[(x, y), (x + w, y), (x + w, y + h), (x, y + h)]))
+            x += w + CHAR * size
     quad = [words[0].quad[0], words[-1].quad[1], words[-1].quad[2], words[0].quad[3]]
     return Line(text=" ".join(w.text for w in words), quad=quad, words=words)
 
@@ -54,7 +55,7 @@ def test_a_wide_word_space_in_one_line_and_a_receipt_s_prices_stay_one_line() ->
 
 
 def test_a_headline_across_the_columns_does_not_hide_their_gutter() -> None:
-    headline = _line(0, (100, ["a", "headline", "across", "both", "columns", "of", "the", "page"]))
+    headline = _line(-1, (100, ["a", "longheadlineword", "across"]), size=2.0)  # a word of it over the gutter
     rows = [_line(1 + r, (100, _words("a", r)), (342, _words("b", r))) for r in range(6)]
 
     cut = split_at_gutters([headline, *rows])
