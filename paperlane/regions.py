@@ -3,8 +3,8 @@
     order_regions(lines, regions, *, page_size, settings) -> (lines, blocks)
 
 ``regions`` are boxes with a kind, in the page's original pixels (``paperlane.models.layout_model``). Each
-line goes to the region that holds most of it; lines in no region are grouped as ``paperlane.layout`` groups
-them, each group a region of its own. Then:
+line goes to the smallest region that holds at least half of it (the inner of nested ones); lines in no region
+are grouped as ``paperlane.layout`` groups them, each group a region of its own. Then:
 
 1. Running heads (``header``) are read first and running feet and page numbers (``footer``) last, each kept
    with its kind; ``layout.margins = "omit"`` leaves them out of ``text`` (they stay in the lines and blocks).
@@ -14,8 +14,9 @@ them, each group a region of its own. Then:
    still do (columns run on through gaps that happen to line up); a set that is one such run is cut where a
    blank vertical strip runs through every region of it into columns, read left to right (right to left on
    a right-to-left page). So a title or a figure across the columns ends the columns above it and starts
-   those below it, and a footnote under the columns is read after them. Regions overlap a little where the model's boxes are loose: a strip is blank when no
-   region reaches more than ``region_slack`` line heights into it. A set that neither cut separates (a
+   those below it, and a footnote under the columns is read after them. Regions overlap a little where the
+   model's boxes are loose: a strip is blank when no region reaches more than ``region_slack`` line heights
+   into it. A set that neither cut separates (a
    newspaper's headline over some of its columns, beside another article's) is read by precedence
    (``paperlane.precedence``: above before below where they overlap, left before right unless something
    across both lies between them), not by its regions' tops, which would read across the columns.
@@ -158,16 +159,14 @@ def _plausible(regions: Sequence[Found]) -> list[Found]:
 
 
 def _assign(boxes: list[Box], regions: Sequence[Found]) -> list[int | None]:
-    """Each line's region: the one holding the largest share of it (at least half), the smaller on a tie."""
+    """Each line's region: the smallest of those holding at least half of it (where the model nests a region
+    inside a larger one, its loose box may hold a line's edge less than the outer one does: the inner region
+    is the more particular reading of the line)."""
     placed: list[int | None] = []
     for box in boxes:
         area = max(1.0, (box[2] - box[0]) * (box[3] - box[1]))
-        best, where = 0.5, None
-        for n, r in enumerate(regions):
-            share = _overlap(box, r.box) / area
-            if share > best or (where is not None and share == best and _area(r.box) < _area(regions[where].box)):
-                best, where = share, n
-        placed.append(where)
+        holding = [n for n, r in enumerate(regions) if _overlap(box, r.box) >= 0.5 * area]
+        placed.append(min(holding, key=lambda n: _area(regions[n].box)) if holding else None)
     return placed
 
 

@@ -273,3 +273,14 @@ def test_precedence_reads_columns_under_a_title_in_the_script_s_direction() -> N
     assert precedence_order([right, footnote, title, left], slack=10.0) == [2, 3, 0, 1]
     assert precedence_order([right, footnote, title, left], slack=10.0, rtl=True) == [2, 0, 3, 1]
 
+
+
+def test_a_line_goes_to_the_inner_of_two_nested_regions_that_hold_it() -> None:
+    # The model drew one box around both columns and one around each, the inner ones a little short at the top:
+    # the first lines lie more in the outer box, yet belong to their columns.
+    a, b = _column("A", 100, 100, 480, 8), _column("B", 620, 100, 480, 8)
+    inner = [Found("text", (x0, y0 + 12, x1, y1)) for x0, y0, x1, y1 in (_box(a), _box(b))]
+
+    read, _ = _read([*a, *b], [Found("text", _box(a + b)), *inner])
+
+    assert read == _names(a, b)
