@@ -121,7 +121,7 @@ def _piece(line: Line, words: list[Word]) -> Line:
 def _word_spans(line: Line) -> list[Span]:
     """The horizontal extents of the line's words, left to right; none when the engine did not box them."""
     words = line.words or []
-    if len(words) < 2 or any(w.estimated or len(w.quad) != 4 for w in words):
+    if not words or any(w.estimated or len(w.quad) != 4 for w in words):
         return []
     spans = [(min(p[0] for p in w.quad), max(p[0] for p in w.quad)) for w in words]
     return spans if all(a[1] <= b[0] for a, b in zip(spans, spans[1:])) else []
