@@ -96,6 +96,16 @@ def column_pieces(boxes: Sequence[Box], *, unit: float, settings: LayoutSettings
     return [piece for run, columns in zip(runs, split) for piece in (columns or [run])]
 
 
+def columns_side_by_side(boxes: Sequence[Box], *, unit: float, settings: LayoutSettings | None = None) -> int:
+    """The most columns of running text ``order_lines`` finds side by side at one height of the page: its parts
+    read in rows, of at least ``min_column_lines`` lines, whose vertical extents hold the middle of one of them."""
+    settings = settings or LayoutSettings()
+    cutter = _Cutter(list(boxes), unit, settings, rtl=False)
+    leaves = [leaf for leaf in cutter._leaves(list(range(len(boxes)))) if len(leaf) >= settings.min_column_lines]
+    spans = [(cutter._top(leaf), cutter._bottom(leaf)) for leaf in leaves]
+    return max((sum(top <= (a + b) / 2 <= bottom for top, bottom in spans) for a, b in spans), default=0)
+
+
 def quad_box(quad: Sequence[Point]) -> Box:
     xs, ys = [p[0] for p in quad], [p[1] for p in quad]
     return min(xs), min(ys), max(xs), max(ys)

@@ -28,6 +28,10 @@ are grouped as ``paperlane.layout`` groups them, each group a region of its own.
 4. Within a region, the lines are ordered by ``paperlane.layout`` (a region the model drew across two columns
    is still read column by column) and its paragraphs become the region's blocks, each with the region's kind.
 
+A dense page, one whose lines' own geometry has ``dense_columns`` columns of running text side by side (a
+newspaper, a magazine), is read by that geometry (``paperlane.layout``) and not over the regions: the model
+(trained on books and papers) draws nested, overlapping boxes across such pages' narrow columns.
+
 Vertical CJK text is not recognised (each vertical column is read as a line, as before); a right-to-left page
 reads its columns right to left.
 """
@@ -38,7 +42,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from paperlane.layout import Box, box_quad, column_pieces, is_rtl, line_groups, order_lines, quad_box, union_box
+from paperlane.layout import (Box, box_quad, column_pieces, columns_side_by_side, is_rtl, line_groups, order_lines,
+                              quad_box, union_box)
 from paperlane.precedence import precedence_order
 from paperlane.schemas import Block, BlockKind, Line
 from paperlane.settings import LayoutSettings
@@ -75,6 +80,8 @@ def order_regions(lines: Sequence[Line], regions: Sequence[Found], *, page_size:
     if not lines or not regions:
         return order_lines(lines, page_height=page_size[1], settings=settings)
     unit = max(1.0, statistics.median(b[3] - b[1] for b in boxes))
+    if columns_side_by_side(boxes, unit=unit, settings=settings) >= settings.dense_columns:
+        return order_lines(lines, page_height=page_size[1], settings=settings)
     regions = _plausible(regions)
     placed = _assign(boxes, regions)
     for n, r in enumerate(regions):  # a "figure" full of lines is text the model took for a picture

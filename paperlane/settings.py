@@ -291,6 +291,9 @@ class LayoutSettings(BaseModel):
     paragraph_gap: float = Field(0.9, gt=0, description="a blank gap at least this tall starts a new block")
     region_slack: float = Field(0.5, ge=0, description="layout regions (from the layout model) may overlap by "
                                 "this many line heights and still be read as separate columns or bands")
+    dense_columns: int = Field(4, ge=2, description="a page whose lines' geometry has at least this many columns "
+                               "of running text side by side (a newspaper, a magazine) is read by that geometry, "
+                               "not over the layout model's regions, which nest and overlap on such pages")
     gutter_gap: float = Field(0.3, gt=0, description="a line the engine ran across a column gutter is cut in a "
                               "gap between its words at least this wide that stays blank down through the lines "
                               "around it (paperlane.gutters)")

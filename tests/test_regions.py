@@ -151,6 +151,20 @@ def test_the_layout_model_finds_the_columns_and_title_of_a_rendered_page() -> No
     assert all(0 <= r.box[0] < r.box[2] <= width and 0 <= r.box[1] < r.box[3] <= image.shape[0] for r in regions)
 
 
+def test_a_made_newspaper_page_is_read_column_by_column_over_the_model_s_regions() -> None:
+    from tests.pages import render_news
+
+    png, truth = render_news(5, seed=0, gutter_em=1.3)  # five columns, gutters 1.3 ems, headlines over some
+    image = cv2.imdecode(np.frombuffer(png, np.uint8), cv2.IMREAD_GRAYSCALE)
+    regions = LayoutModel.load(find_model()).regions(image)  # type: ignore[arg-type]
+    lines = [Line(text=text, quad=_quad(x0, y0, x1 - x0, y1 - y0)) for text, (x0, y0, x1, y1) in truth]
+    random.Random(1).shuffle(lines)
+
+    ordered, _ = order_regions(lines, regions, page_size=(image.shape[1], image.shape[0]))
+
+    assert [ln.text for ln in ordered] == [text for text, _ in truth]
+
+
 def test_block_types_reach_page_xml_alto_hocr_and_markdown(alto_schema: Any, page_schema: Any) -> None:
     from paperlane.formats import page_bytes
     from paperlane.models.engine import EngineOutput, PreparedImage
