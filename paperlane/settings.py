@@ -275,8 +275,9 @@ class LayoutSettings(BaseModel):
     Distances are in median line heights of the page, so they hold at any resolution.
     """
 
-    min_gutter: float = Field(0.5, gt=0, description="the narrowest blank strip between two columns (a "
-                              "newspaper's gutter is about an em: 0.6-0.9 line heights)")
+    min_gutter: float = Field(0.35, gt=0, description="the narrowest blank strip between two columns (a "
+                              "newspaper's gutter is about an em, 0.6-0.9 line heights, less the few pixels the detector's word boxes "
+                              "run into it on each side)")
     min_column_width: float = Field(8.0, ge=0, description="the narrowest column of running text; narrower strips "
                                     "(a receipt's prices, a form's labels) stay in row order with their neighbours")
     min_column_lines: int = Field(2, ge=1, description="the fewest lines a column of running text has")
