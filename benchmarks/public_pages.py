@@ -24,6 +24,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from PIL import Image
 
 from tests.scoring import levenshtein, normalise
 
@@ -52,7 +55,7 @@ class PublicPage:
     language: str
     layout: str
     source: str
-    size: tuple[int, int]  # width, height
+    size: tuple[int, int]  # width, height: the image's (the JSON's page_info swaps them on some pages)
     blocks: tuple[TruthBlock, ...]
 
     @property
@@ -96,9 +99,19 @@ def load(root: Path) -> list[PublicPage]:
         blocks = tuple(TruthBlock(d["category_type"], _poly_box(d["poly"]), d.get("order"), d.get("text") or "")
                        for d in entry["layout_dets"] if not d.get("ignore"))
         name = Path(info["image_path"]).name
-        pages.append(PublicPage(name, root / "images" / name, attrs.get("language", ""), attrs.get("layout", ""),
-                                attrs.get("data_source", ""), (int(info["width"]), int(info["height"])), blocks))
+        image = root / "images" / name
+        pages.append(PublicPage(name, image, attrs.get("language", ""), attrs.get("layout", ""),
+                                attrs.get("data_source", ""), _size(image, info), blocks))
     return sorted(pages, key=lambda p: p.name)
+
+
+def _size(image: Path, info: dict[str, Any]) -> tuple[int, int]:
+    """The page's width and height: its image's, where the image is there (the demo JSON has them swapped on
+    half its pages, which moved the margin bands ``paperlane.layout`` finds running heads and feet in)."""
+    if image.exists():
+        with Image.open(image) as img:
+            return img.size
+    return int(info["width"]), int(info["height"])
 
 
 def region_order_distance(visits: Sequence[int], blocks: int) -> float:

@@ -1,7 +1,7 @@
 """Reading order: ordered CER beside the order-free CER, with paperlane's old row order and its block order.
 
     python benchmarks/reading_order.py [--corpus DIR] [--limit N] [--seeds N]
-    python benchmarks/reading_order.py --public DIR [--cache DIR] [--pages]
+    python benchmarks/reading_order.py --public DIR [--cache DIR] [--pages] [--half develop|measure|both]
 
 ``--public``: pages nobody tuned for, from a public set with its reading order (OmniDocBench's layout
 annotations, ``benchmarks/public_pages.py`` says where to get them and what is scored). Its pages are split by
@@ -57,6 +57,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="an OmniDocBench folder (its JSON and images/): score those pages instead")
     p.add_argument("--cache", type=Path, default=None, help="keep the engine's lines of the public pages here")
     p.add_argument("--pages", action="store_true", help="print each public page's figures")
+    p.add_argument("--half", choices=("develop", "measure", "both"), default="both",
+                   help="the public half (halves) to score: develop while working, measure rarely")
     return p
 
 
@@ -128,11 +130,15 @@ def _decoded(png: bytes, truth: str) -> tuple[np.ndarray, str]:
     return np.asarray(cv2.imdecode(np.frombuffer(png, np.uint8), cv2.IMREAD_COLOR)), truth
 
 
+def _halves(choice: str) -> tuple[str, ...]:
+    return ("develop", "measure") if choice == "both" else (choice,)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.public is not None:
         from benchmarks.reading_order_public import run
-        run(args.public, cache=args.cache, per_page=args.pages)
+        run(args.public, cache=args.cache, per_page=args.pages, halves=_halves(args.half))
         return 0
     engine = RapidEngine()
     engine.start()

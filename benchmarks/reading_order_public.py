@@ -10,6 +10,7 @@ from pathlib import Path
 from statistics import mean
 
 from benchmarks.public_pages import PublicPage, char_f1, half, load, region_order_distance, word_f1
+from paperlane.gutters import split_at_gutters
 from paperlane.layout import order_lines, quad_box
 from paperlane.models.engine import EngineOutput, EngineRequest
 from paperlane.models.rapid import RapidEngine
@@ -75,9 +76,14 @@ def best_order(lines: list[Line], page: PublicPage) -> list[Line]:
     return [lines[i] for i in ranked]
 
 
-def score(page: PublicPage, lines: list[Line], regions: list[Found], order: Order) -> Score:
+def score(page: PublicPage, lines: list[Line], regions: list[Found], order: Order, *, split: bool) -> Score:
+    """The page's figures in ``order``; with ``split``, its lines are first cut at gutters as the pipeline cuts
+    them (``gutters.split_at_gutters``, timed with the order). The best order is that of the same lines, in
+    the engine's order within each true block."""
     lines = kept(lines, page)
     t0 = time.process_time()
+    if split:
+        lines = split_at_gutters(lines)
     ordered = order(lines, regions, page)
     cpu = (time.process_time() - t0) * 1000
     text = "\n".join(ln.text for ln in ordered)
@@ -94,23 +100,24 @@ def geometry_order(lines: list[Line], regions: list[Found], page: PublicPage) ->
 
 
 def region_order(lines: list[Line], regions: list[Found], page: PublicPage) -> list[Line]:
-    """paperlane's order over the layout model's regions (``regions.order_regions``), as the pipeline has it."""
+    """paperlane's order over the layout model's regions (``regions.order_regions``), as the pipeline has it
+    (lines cut at gutters first)."""
     return order_regions(lines, regions, page_size=page.size)[0]
 
 
-def run(root: Path, *, cache: Path | None, per_page: bool) -> None:
+def run(root: Path, *, cache: Path | None, per_page: bool, halves: tuple[str, ...] = ("develop", "measure")) -> None:
     engine = RapidEngine(layout_model="auto")
     engine.start()
-    pages = [(page, *read_page(page, engine, cache)) for page in load(root)]
-    for name, order in (("geometry", geometry_order), ("regions", region_order)):
-        scores = [score(page, lines, regions, order) for page, lines, regions in pages]
+    pages = [(page, *read_page(page, engine, cache)) for page in load(root) if half(page.name) in halves]
+    for name, order, split in (("geometry", geometry_order, False), ("regions", region_order, True)):
+        scores = [score(page, lines, regions, order, split=split) for page, lines, regions in pages]
         print(f"== {name}: {order.__doc__.splitlines()[0]}")
         if per_page:
             for s in scores:  # the pages only measured on are summed up, never shown one by one
                 if s.half == "develop":
                     print(f"  {s.language[:7]:7} cer={s.cer:.3f} best={s.best:.3f} regions={s.regions:.3f} "
                           f"chars_f1={s.chars:.3f} {s.page[:60]}")
-        for half_name in ("develop", "measure"):
+        for half_name in halves:
             summary(f"{name}-{half_name}", [s for s in scores if s.half == half_name])
 
 

@@ -13,8 +13,12 @@ the page's median line height:
    run, so it is read where it stands, before or after the columns, never in the middle of a column;
    so does a band without a gutter of its own that starts a paragraph gap below the end of every column
    (a footnote narrower than a column). The price: a column that runs on below its neighbour's end and
-   starts a new paragraph down there is read after its neighbour. Several runs: each is ordered again
-   from step 1, top to bottom.
+   starts a new paragraph down there is read after its neighbour. A newspaper's headline (a line at least
+   1.5 line heights tall) alone in its band ends the run above it when it closes one of its gutters, and
+   starts a run of the columns below it even when it is shorter than they are wide; and a gutter beside
+   such a headline, between its column and one that starts right under it, is no gutter (the article's
+   columns stay together under their headline). Several runs: each is ordered again from step 1, top to
+   bottom.
 2. One run splits at its gutters into columns, read left to right (right to left on a right-to-left
    page), when every column is *running text* and no two neighbours are one table:
    - a column is at least ``min_column_width`` wide and has ``min_column_lines`` lines, and once it is
@@ -51,6 +55,7 @@ from paperlane.schemas import Block, BlockKind, Line, Point, Word
 from paperlane.settings import LayoutSettings
 
 Box = tuple[float, float, float, float]  # x0, y0, x1, y1
+_TALL = 1.5  # a line this many median line heights tall is a headline, not running text
 
 
 def order_lines(lines: Sequence[Line], *, page_height: float | None = None,
@@ -82,6 +87,28 @@ def line_groups(lines: Sequence[Line], *, page_height: float | None = None,
     unit = max(1.0, statistics.median(b[3] - b[1] for b in boxes))
     groups = _Cutter(boxes, unit, settings, rtl=is_rtl(ln.text for ln in lines)).order(list(range(len(lines))))
     return list(zip(_margin_kinds(groups, boxes, unit, page_height, settings), groups))
+
+
+def column_pieces(boxes: Sequence[Box], *, unit: float, settings: LayoutSettings | None = None,
+                  rtl: bool = False) -> list[list[int]]:
+    """The indices of ``boxes`` cut as ``order_lines`` cuts them at the top: into runs, top to bottom, and each
+    run into its columns of running text. One piece, all of them, when no run has columns."""
+    cutter = _Cutter(list(boxes), unit, settings or LayoutSettings(), rtl)
+    runs = cutter._runs(list(range(len(boxes))))
+    split = [cutter._columns(run) if len(run) > 1 else None for run in runs]
+    if not any(split):
+        return [list(range(len(boxes)))]
+    return [piece for run, columns in zip(runs, split) for piece in (columns or [run])]
+
+
+def columns_side_by_side(boxes: Sequence[Box], *, unit: float, settings: LayoutSettings | None = None) -> int:
+    """The most columns of running text ``order_lines`` finds side by side at one height of the page: its parts
+    read in rows, of at least ``min_column_lines`` lines, whose vertical extents hold the middle of one of them."""
+    settings = settings or LayoutSettings()
+    cutter = _Cutter(list(boxes), unit, settings, rtl=False)
+    leaves = [leaf for leaf in cutter._leaves(list(range(len(boxes)))) if len(leaf) >= settings.min_column_lines]
+    spans = [(cutter._top(leaf), cutter._bottom(leaf)) for leaf in leaves]
+    return max((sum(top <= (a + b) / 2 <= bottom for top, bottom in spans) for a, b in spans), default=0)
 
 
 def quad_box(quad: Sequence[Point]) -> Box:
@@ -160,17 +187,36 @@ class _Cutter:
 
     def _columns(self, idx: list[int]) -> list[list[int]] | None:
         """``idx`` cut at its gutters into columns of running text in reading order, or None."""
-        cuts = self._gutters(idx) if len(idx) > 1 else []
+        cuts = self._headed(idx, self._gutters(idx)) if len(idx) > 1 else []
         for chosen in (cuts, self._widest(idx, cuts)):
             if not chosen:
                 continue
-            parts: list[list[int]] = [[] for _ in range(len(chosen) + 1)]
-            for i in idx:
-                parts[sum(self.boxes[i][0] > cut for cut in chosen)].append(i)
+            parts = self._split_at(idx, chosen)
             if all(self._is_column(part) for part in parts) and not any(
                     self._table_rows(a, b) for a, b in zip(parts, parts[1:])):
                 return parts[::-1] if self.rtl else parts
         return None
+
+    def _split_at(self, idx: list[int], cuts: list[float]) -> list[list[int]]:
+        parts: list[list[int]] = [[] for _ in range(len(cuts) + 1)]
+        for i in idx:
+            parts[sum(self.boxes[i][0] > cut for cut in cuts)].append(i)
+        return parts
+
+    def _headed(self, idx: list[int], cuts: list[float]) -> list[float]:
+        """``cuts`` less those between a part that starts with a headline and the next part in reading order
+        when that one starts right under the headline: a headline shorter than its article's columns leaves a
+        gutter beside it, but the column that starts under it is its article's."""
+        parts = self._split_at(idx, cuts)
+        pairs = [(parts[k + 1], parts[k]) if self.rtl else (parts[k], parts[k + 1]) for k in range(len(cuts))]
+        return [cut for cut, (first, then) in zip(cuts, pairs) if not self._under_headline(first, then)]
+
+    def _under_headline(self, first: list[int], then: list[int]) -> bool:
+        if not first or not then:
+            return False
+        head = self.boxes[min(first, key=lambda i: self.boxes[i][1])]
+        tall = head[3] - head[1] >= _TALL * self.unit
+        return tall and head[3] <= self._top(then) <= head[3] + 2 * self.unit
 
     def _widest(self, idx: list[int], cuts: list[float]) -> list[float]:
         """The one gutter with the most room, when there are several (the others may split a table)."""
@@ -242,19 +288,34 @@ class _Cutter:
         cover: list[tuple[float, float]] = []  # the current run's extents: several when it has a gutter
         for band in self._bands(idx):
             own = self._cover([(self.boxes[i][0], self.boxes[i][2]) for i in band])
-            if runs:
-                merged = self._cover(cover + own)
-                # A band that starts a paragraph's gap below the end of every column is no column's
-                # continuation: a footnote or a closing paragraph under the columns.
-                split, gutter = len(cover) > 1, len(own) > 1
-                below = (split and not gutter
-                         and self._top(band) - self._bottom(runs[-1]) >= self.settings.paragraph_gap * self.unit)
-                if not below and (len(merged) > 1 or (not split and not gutter)):
-                    runs[-1], cover = runs[-1] + band, merged
-                    continue
+            merged = self._cover(cover + own)
+            if runs and not self._starts_run(runs[-1], band, cover=cover, own=own, merged=merged):
+                runs[-1], cover = runs[-1] + band, merged
+                continue
             runs.append(band)
             cover = own
         return runs
+
+    def _starts_run(self, run: list[int], band: list[int], *, cover: list[tuple[float, float]],
+                    own: list[tuple[float, float]], merged: list[tuple[float, float]]) -> bool:
+        """Whether ``band`` (its extents ``own``) starts a new run below ``run`` (its extents ``cover``): when
+        no gutter runs through both (unless neither has one); when it starts a paragraph's gap below the end
+        of every column and has no gutter (a footnote or a closing paragraph under the columns, no column's
+        continuation); when it is a headline alone that closes a gutter of the run (an article under it
+        starts over some of the run's columns), or the run is a headline alone and the band has columns
+        (the headline is over all of them, even when it is shorter than they are wide)."""
+        split, gutter = len(cover) > 1, len(own) > 1
+        if not (len(merged) > 1 or (not split and not gutter)):
+            return True
+        if split and not gutter:
+            gap = self._top(band) - self._bottom(run)
+            return gap >= self.settings.paragraph_gap * self.unit or (
+                len(merged) < len(cover) and self._headline(band))
+        return gutter and not split and self._headline(run)
+
+    def _headline(self, idx: list[int]) -> bool:
+        """Whether every line of ``idx`` is at least ``_TALL`` line heights tall."""
+        return all(self.boxes[i][3] - self.boxes[i][1] >= _TALL * self.unit for i in idx)
 
     def _top(self, idx: list[int]) -> float:
         return min(self.boxes[i][1] for i in idx)

@@ -3,23 +3,34 @@
     order_regions(lines, regions, *, page_size, settings) -> (lines, blocks)
 
 ``regions`` are boxes with a kind, in the page's original pixels (``paperlane.models.layout_model``). Each
-line goes to the region that holds most of it; lines in no region are grouped as ``paperlane.layout`` groups
-them, each group a region of its own. Then:
+line goes to the smallest region that holds at least half of it (the inner of nested ones); lines in no region
+are grouped as ``paperlane.layout`` groups them, each group a region of its own. Then:
 
 1. Running heads (``header``) are read first and running feet and page numbers (``footer``) last, each kept
    with its kind; ``layout.margins = "omit"`` leaves them out of ``text`` (they stay in the lines and blocks).
+   A head with text wholly above it, or a foot with text wholly below it, is no margin: a paragraph in place.
 2. The other regions are cut recursively, XY-cut style: into bands where a blank horizontal strip crosses the
    set, read top to bottom, consecutive bands joined again while each splits into columns and together they
    still do (columns run on through gaps that happen to line up); a set that is one such run is cut where a
    blank vertical strip runs through every region of it into columns, read left to right (right to left on
    a right-to-left page). So a title or a figure across the columns ends the columns above it and starts
-   those below it, and a footnote under the columns is read after them. Regions overlap a little where the model's boxes are loose: a strip is blank when no
-   region reaches more than ``region_slack`` line heights into it. A set that neither cut separates is read
-   by its regions' tops.
+   those below it, and a footnote under the columns is read after them. Regions overlap a little where the
+   model's boxes are loose: a strip is blank when no region reaches more than ``region_slack`` line heights
+   into it. A set that neither cut separates (a
+   newspaper's headline over some of its columns, beside another article's) is read by precedence
+   (``paperlane.precedence``: above before below where they overlap, left before right unless something
+   across both lies between them), not by its regions' tops, which would read across the columns.
+   Before the cuts, a region whose lines have a gutter between columns of running text (the model drew one
+   box across two columns) is cut into those columns and the runs above and below them
+   (``paperlane.layout.column_pieces``), so that each column is read in its place on the page.
 3. Captions stay where they stand (next to what they caption, which the cuts keep together); a table's lines
    are read in rows within its region, which is read in its place.
 4. Within a region, the lines are ordered by ``paperlane.layout`` (a region the model drew across two columns
    is still read column by column) and its paragraphs become the region's blocks, each with the region's kind.
+
+A dense page, one whose lines' own geometry has ``dense_columns`` columns of running text side by side (a
+newspaper, a magazine), is read by that geometry (``paperlane.layout``) and not over the regions: the model
+(trained on books and papers) draws nested, overlapping boxes across such pages' narrow columns.
 
 Vertical CJK text is not recognised (each vertical column is read as a line, as before); a right-to-left page
 reads its columns right to left.
@@ -31,7 +42,9 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from paperlane.layout import Box, box_quad, is_rtl, line_groups, order_lines, quad_box, union_box
+from paperlane.layout import (Box, box_quad, column_pieces, columns_side_by_side, is_rtl, line_groups, order_lines,
+                              quad_box, union_box)
+from paperlane.precedence import precedence_order
 from paperlane.schemas import Block, BlockKind, Line
 from paperlane.settings import LayoutSettings
 
@@ -67,6 +80,8 @@ def order_regions(lines: Sequence[Line], regions: Sequence[Found], *, page_size:
     if not lines or not regions:
         return order_lines(lines, page_height=page_size[1], settings=settings)
     unit = max(1.0, statistics.median(b[3] - b[1] for b in boxes))
+    if columns_side_by_side(boxes, unit=unit, settings=settings) >= settings.dense_columns:
+        return order_lines(lines, page_height=page_size[1], settings=settings)
     regions = _plausible(regions)
     placed = _assign(boxes, regions)
     for n, r in enumerate(regions):  # a "figure" full of lines is text the model took for a picture
@@ -77,6 +92,8 @@ def order_regions(lines: Sequence[Line], regions: Sequence[Found], *, page_size:
     parts = [p for p in parts if p.lines] + _orphans(lines, boxes, placed, page_size, settings)
     owner = {i: n for n, p in enumerate(parts) for i in p.lines}
     parts = [piece for n, p in enumerate(parts) for piece in _unmixed(p, n, boxes, owner)]
+    parts = [piece for p in parts for piece in _columns_of(p, boxes, unit, settings)]
+    _inner_margins(parts)
     for p in parts:
         if p.kind is BlockKind.FOOTER and all(lines[i].text.strip().isdigit() for i in p.lines):
             p.kind = BlockKind.PAGE_NUMBER
@@ -106,6 +123,30 @@ def _unmixed(part: _Region, number: int, boxes: list[Box], owner: dict[int, int]
     return [_Region(part.kind, union_box([boxes[i] for i in piece]), piece) for piece in pieces]
 
 
+def _inner_margins(parts: list[_Region]) -> None:
+    """A running head with text wholly above it, or a running foot with text wholly below it, is no page
+    margin (the model took a kicker, a section line or a caption for one): it becomes a paragraph, read in
+    its place instead of first or last."""
+    body = [p.box for p in parts if p.kind not in _FIRST | _LAST]
+    for p in parts:
+        if (p.kind in _FIRST and any(b[3] <= p.box[1] for b in body)) or (
+                p.kind in _LAST and any(b[1] >= p.box[3] for b in body)):
+            p.kind = BlockKind.PARAGRAPH
+
+
+def _columns_of(part: _Region, boxes: list[Box], unit: float, settings: LayoutSettings) -> list[_Region]:
+    """A region the model drew across columns (its lines have a gutter between columns of running text), cut
+    into those columns (and the runs above and below them), so that each is read in its place on the page;
+    a table stays whole."""
+    if part.kind is BlockKind.TABLE or len(part.lines) < 2 * settings.min_column_lines:
+        return [part]
+    pieces = column_pieces([boxes[i] for i in part.lines], unit=unit, settings=settings)
+    if len(pieces) < 2:
+        return [part]
+    return [_Region(part.kind, union_box([boxes[part.lines[k]] for k in piece]), [part.lines[k] for k in piece])
+            for piece in pieces]
+
+
 def _centre(b: Box) -> tuple[float, float]:
     return (b[0] + b[2]) / 2, (b[1] + b[3]) / 2
 
@@ -125,16 +166,14 @@ def _plausible(regions: Sequence[Found]) -> list[Found]:
 
 
 def _assign(boxes: list[Box], regions: Sequence[Found]) -> list[int | None]:
-    """Each line's region: the one holding the largest share of it (at least half), the smaller on a tie."""
+    """Each line's region: the smallest of those holding at least half of it (where the model nests a region
+    inside a larger one, its loose box may hold a line's edge less than the outer one does: the inner region
+    is the more particular reading of the line)."""
     placed: list[int | None] = []
     for box in boxes:
         area = max(1.0, (box[2] - box[0]) * (box[3] - box[1]))
-        best, where = 0.5, None
-        for n, r in enumerate(regions):
-            share = _overlap(box, r.box) / area
-            if share > best or (where is not None and share == best and _area(r.box) < _area(regions[where].box)):
-                best, where = share, n
-        placed.append(where)
+        holding = [n for n, r in enumerate(regions) if _overlap(box, r.box) >= 0.5 * area]
+        placed.append(min(holding, key=lambda n: _area(regions[n].box)) if holding else None)
     return placed
 
 
@@ -165,7 +204,7 @@ class _Cut:
         columns = self._columns(parts)
         if columns:
             return [p for col in columns for p in self.order(col)]
-        return sorted(parts, key=lambda p: (p.box[1], p.box[0]))
+        return [parts[i] for i in precedence_order([p.box for p in parts], slack=self.slack, rtl=self.rtl)]
 
     def _columns(self, parts: list[_Region]) -> list[list[_Region]] | None:
         """``parts`` cut at blank vertical strips into columns each at least ``min_width`` wide, in reading

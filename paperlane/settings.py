@@ -282,7 +282,9 @@ class LayoutSettings(BaseModel):
     Distances are in median line heights of the page, so they hold at any resolution.
     """
 
-    min_gutter: float = Field(0.8, gt=0, description="the narrowest blank strip between two columns")
+    min_gutter: float = Field(0.35, gt=0, description="the narrowest blank strip between two columns (a "
+                              "newspaper's gutter is about an em, 0.6-0.9 line heights, less the few pixels the detector's word boxes "
+                              "run into it on each side)")
     min_column_width: float = Field(8.0, ge=0, description="the narrowest column of running text; narrower strips "
                                     "(a receipt's prices, a form's labels) stay in row order with their neighbours")
     min_column_lines: int = Field(2, ge=1, description="the fewest lines a column of running text has")
@@ -297,6 +299,18 @@ class LayoutSettings(BaseModel):
     paragraph_gap: float = Field(0.9, gt=0, description="a blank gap at least this tall starts a new block")
     region_slack: float = Field(0.5, ge=0, description="layout regions (from the layout model) may overlap by "
                                 "this many line heights and still be read as separate columns or bands")
+    dense_columns: int = Field(4, ge=2, description="a page whose lines' geometry has at least this many columns "
+                               "of running text side by side (a newspaper, a magazine) is read by that geometry, "
+                               "not over the layout model's regions, which nest and overlap on such pages")
+    gutter_gap: float = Field(0.3, gt=0, description="a line the engine ran across a column gutter is cut in a "
+                              "gap between its words at least this wide that stays blank down through the lines "
+                              "around it (paperlane.gutters)")
+    gutter_reach: float = Field(3.0, gt=0, description="how far above and below a line (from its middle) the "
+                                "lines lie that a gutter must run blank through")
+    gutter_lines: int = Field(3, ge=1, description="the fewest lines within gutter_reach (the cut one included) "
+                              "with text beside a gutter on each side: a lone wide word space is no gutter")
+    min_piece: float = Field(3.0, ge=0, description="text beside a gutter spans at least this and reaches within "
+                             "this of it (a receipt's prices do not: an item and its price stay one line)")
     margins: Literal["first_last", "omit"] = Field("first_last", description="running heads, feet and page numbers "
                                                    "(kept in every result's lines and blocks with their kind): read "
                                                    "first and last in text and markdown, or left out of both")

@@ -167,3 +167,76 @@ def bilevel_pdf(images: list[Image.Image], *, dpi: int) -> bytes:
     buf = io.BytesIO()
     frames[0].save(buf, format="PDF", resolution=dpi, save_all=True, append_images=frames[1:])
     return buf.getvalue()
+
+
+def render_news(columns: int, *, seed: int = 0, size: int = 22, gutter_em: float = 1.0,
+                width: int = 2400) -> tuple[bytes, list[tuple[str, tuple[int, int, int, int]]]]:
+    """A made newspaper page (PNG) of ``columns`` narrow justified columns ``gutter_em`` ems apart: a masthead;
+    one article down the left columns beside another under a headline across the right ones, with a third
+    article under it over all but the last column; a last article across the page. Its lines in reading order
+    (masthead, then each article: headline, each of its columns top to bottom), each with its box."""
+    rnd = random.Random(seed)
+    page = _News(rnd, ImageFont.load_default(size=size), columns=columns, gutter=int(size * gutter_em), width=width)
+    page.line("The Daily Record", 60, 40, page.font.font_variant(size=int(size * 3.5)))
+    top = 40 + size * 5
+    split = rnd.choice([2, 3]) if columns >= 5 else 1
+    left = page.article(0, split - 1, top, rnd.randint(40, 48))
+    right = page.article(split, columns - 1, top, rnd.randint(14, 20))
+    right = page.article(split, max(split, columns - 2), right, rnd.randint(12, 18))
+    bottom = page.article(0, columns - 1, max(left, right) + 20, rnd.randint(10, 14))
+    buf = io.BytesIO()
+    page.img.crop((0, 0, width, bottom + 60)).save(buf, format="PNG")
+    return buf.getvalue(), page.truth
+
+
+class _News:
+    """The drawing state of ``render_news``: its page, its column grid and the lines drawn so far."""
+
+    def __init__(self, rnd: random.Random, font: ImageFont.FreeTypeFont, *, columns: int, gutter: int,
+                 width: int) -> None:
+        self.rnd, self.font, self.margin, self.gutter = rnd, font, 60, gutter
+        self.lead = int(font.size * 1.3)
+        self.col_w = (width - 2 * self.margin - (columns - 1) * gutter) // columns
+        self.img = Image.new("L", (width, 3400), 255)
+        self.draw = ImageDraw.Draw(self.img)
+        self.truth: list[tuple[str, tuple[int, int, int, int]]] = []
+
+    def x(self, column: int) -> int:
+        return self.margin + column * (self.col_w + self.gutter)
+
+    def line(self, text: str, x: float, y: float, font: ImageFont.FreeTypeFont) -> None:
+        self.draw.text((x, y), text, fill=0, font=font)
+        box = self.draw.textbbox((x, y), text, font=font)
+        self.truth.append((text, (int(box[0]), int(box[1]), int(box[2]), int(box[3]))))
+
+    def article(self, first: int, last: int, top: int, rows: int) -> int:
+        """A headline across columns ``first``..``last`` and ``rows`` justified lines in each (a paragraph
+        break every seventh); the y where the next article may start."""
+        head = self.font.font_variant(size=self.font.size * 2)
+        words = [self.rnd.choice(WORDS) for _ in range(self.rnd.randint(3, 6))]
+        room = self.x(last) + self.col_w - self.x(first)
+        while len(words) > 1 and self.draw.textlength(" ".join(words), font=head) > room:
+            words.pop()
+        self.line(" ".join(words).capitalize(), self.x(first), top, head)
+        body = top + self.font.size * 3
+        for column in range(first, last + 1):
+            for k in range(rows):
+                end = k % 7 == 6 or k == rows - 1
+                y = body + k * self.lead + (self.lead // 2) * (k // 7)
+                self._justified(_fill(self.rnd, WORDS, " ", int(self.col_w * (0.5 if end else 1.0)), self.font,
+                                      self.draw, last=False).split(), self.x(column), y, last=end)
+        return body + rows * self.lead + (self.lead // 2) * (rows // 7) + self.font.size * 3 // 2
+
+    def _justified(self, words: list[str], x: int, y: int, *, last: bool) -> None:
+        """``words`` set across the column (the last line of a paragraph flush left), kept as one line."""
+        text = " ".join(words)
+        if last or len(words) < 2:
+            self.line(text, x, y, self.font)
+            return
+        gap = (self.col_w - sum(self.draw.textlength(w, font=self.font) for w in words)) / (len(words) - 1)
+        at = float(x)
+        for w in words:
+            self.draw.text((at, y), w, fill=0, font=self.font)
+            at += self.draw.textlength(w, font=self.font) + gap
+        _, top, _, bottom = self.draw.textbbox((x, y), text, font=self.font)
+        self.truth.append((text, (x, int(top), x + self.col_w, int(bottom))))

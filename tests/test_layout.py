@@ -72,6 +72,20 @@ def test_three_columns_and_their_paragraph_blocks() -> None:
     assert (x0, y0) == (100, 100 + 5 * (LINE_H + GAP) + LINE_H + GAP)  # the second paragraph of column A
 
 
+@pytest.mark.parametrize(("columns", "seed", "pad"), [(6, 0, 0), (6, 1, 0), (4, 1, 0), (6, 2, 5)])
+def test_newspaper_articles_under_headlines_shorter_than_their_columns_read_article_by_article(
+        columns: int, seed: int, pad: int) -> None:
+    """``pad``: the boxes run that many pixels past the text on every side, as a detector's do (into gutters
+    one em wide)."""
+    from tests.pages import render_news
+
+    _, truth = render_news(columns, seed=seed, gutter_em=1.0 if columns == 6 else 1.6)
+    lines = [Line(text=text, quad=_quad(x0 - pad, y0 - pad, x1 - x0 + 2 * pad, y1 - y0 + 2 * pad))
+             for text, (x0, y0, x1, y1) in truth]
+
+    assert _read(lines, height=3400) == [text for text, _ in truth]
+
+
 def test_a_receipt_with_a_price_column_stays_in_rows() -> None:
     items = []
     for k in range(8):

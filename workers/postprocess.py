@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from paperlane.gutters import split_at_gutters
 from paperlane.layout import estimate_words, is_rtl, order_lines, quad_box
 from paperlane.regions import Found, order_regions
 from paperlane.metrics import PAGE_FLAGS, PAGES_GRADED
@@ -62,7 +63,7 @@ def build_result(*, job_id: str, source: str, page: int, spec: TaskSpec, output:
     page (a fallback); the quality is the engine's grade (an output without one is graded on what it
     shows), counted in the ``paperlane_page_flags`` and ``paperlane_pages_graded`` metrics.
     """
-    lines = with_words(to_original(output.lines, image, size))
+    lines = split_at_gutters(with_words(to_original(output.lines, image, size)), settings=layout)
     if output.regions:
         lines, blocks = order_regions(lines, regions_to_original(output.regions, image, size), page_size=size,
                                       settings=layout)
