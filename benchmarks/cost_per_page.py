@@ -34,10 +34,10 @@ import psycopg2
 import redis
 from common import Services, finished_jobs, group_cpu, stamped_scans, start_worker, stop, write_config
 
-from paperlane.priority.broker import make_celery
+from paperlane.priority.broker import PagePublisher, make_celery
 from paperlane.priority.lanes import Lane
 from paperlane.producer.inputs import Document
-from paperlane.producer.submit import CeleryPublisher, submit_documents
+from paperlane.producer.submit import submit_documents
 from paperlane.schemas import TaskSpec
 from paperlane.settings import Settings, load_settings
 from paperlane.storage.db import Database
@@ -83,7 +83,7 @@ def submit(settings: Settings, db: Database, pages: list[bytes], start: int) -> 
     docs = (Document(source=f"scan{start + i}.jpg", name=f"scan{start + i}", ext=".jpg", data=data, page_count=1)
             for i, data in enumerate(pages))
     return [s.job_id for s in submit_documents(docs, db=db, store=open_store(settings), spec=TaskSpec(),
-                                               lane=Lane.BATCH, publisher=CeleryPublisher(make_celery(settings)))]
+                                               lane=Lane.BATCH, publisher=PagePublisher(make_celery(settings)))]
 
 
 def wait_final(db: Database, n: int, timeout: float) -> None:

@@ -41,10 +41,9 @@ import redis  # noqa: E402
 
 from paperlane.priority import fair, keys, presence  # noqa: E402
 from paperlane.priority.broker import make_celery, send_page  # noqa: E402
-from paperlane.priority.delayed import DelayedPage  # noqa: E402
 from paperlane.priority.fair import FairLanes  # noqa: E402
 from paperlane.priority.lanes import Lane, broker_keys  # noqa: E402
-from paperlane.priority.messages import BadMessage, page_job_id  # noqa: E402
+from paperlane.priority.messages import BadMessage, PageMessage, page_job_id  # noqa: E402
 from paperlane.settings import RedisSettings, Settings  # noqa: E402
 from tests import services  # noqa: E402
 from tests.sentinels import message_like  # noqa: E402
@@ -92,7 +91,7 @@ def today(client: redis.Redis, *, limit: int, unacked_since: float = 0.0) -> set
             found.add(page_job_id(raw))
         except BadMessage:
             pass
-    found.update(DelayedPage.parse(m).job_id for m in (*delayed, *releasing))
+    found.update(PageMessage.parse(m).job_id for m in (*delayed, *releasing))
     return found
 
 
