@@ -223,8 +223,15 @@ def _measure(db: Database, args: argparse.Namespace, month: datetime) -> None:
     print(f"status_p99_ms={worst:.2f}")
 
 
-def _kept_database(url: str, month: datetime) -> Database:
-    """The PostgreSQL database at ``url``, created (and migrated, its months made) when it is not there yet."""
+def _migrated(db: Database, months: int) -> Database:
+    """``db`` at the newest schema, with the load's ``months`` monthly partitions made from this month on."""
+    db.upgrade()
+    history.retain(db, keep_days=None, ahead=months - 1)
+    return db
+
+
+def _kept_database(url: str) -> Database:
+    """The PostgreSQL database at ``url``, created when it is not there yet."""
     base, name = url.rsplit("/", 1)
     admin = psycopg2.connect(base.replace("postgresql+psycopg2", "postgresql") + "/postgres")
     admin.autocommit = True
@@ -233,10 +240,7 @@ def _kept_database(url: str, month: datetime) -> Database:
     if cur.fetchone() is None:
         cur.execute(f'CREATE DATABASE "{name}"')
     admin.close()
-    db = Database(url)
-    db.upgrade()
-    history.retain(db, keep_days=None, now=month, ahead=11)
-    return db
+    return Database(url)
 
 
 def main() -> None:
@@ -249,20 +253,16 @@ def main() -> None:
                     "private server; with --keep a later run reuses its load (10M pages take long to load)")
     ap.add_argument("--keep", action="store_true", help="leave the load as it is: no retention run at the end")
     args = ap.parse_args()
-    if args.months > 12:
-        ap.error("--months: at most 12 (the months made ahead)")
+    month = history.month_start(datetime.now(UTC))  # ids are made from it: reuse a kept load within its month
     if args.database_url:
-        month = history.month_start(datetime.now(UTC))  # ids are made from it: reuse a kept load within its month
-        _measure(_kept_database(args.database_url, month), args, month)
+        _measure(_migrated(_kept_database(args.database_url), args.months), args, month)
         return
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         svc = start_services(root)
         try:
             db = Database(load_settings(write_config(svc, root)).database_url)
-            db.upgrade()
-            history.retain(db, keep_days=None, ahead=args.months - 1)
-            _measure(db, args, history.month_start(datetime.now(UTC)))
+            _measure(_migrated(db, args.months), args, month)
         finally:
             svc.stop()
 

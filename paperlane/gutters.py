@@ -28,12 +28,11 @@ import bisect
 import statistics
 from collections.abc import Sequence
 
-from paperlane.layout import quad_box
+from paperlane.layout import HEADLINE, quad_box
 from paperlane.schemas import Line, Word
 from paperlane.settings import LayoutSettings
 
 Span = tuple[float, float]
-_TALL = 1.5  # a line this many median line heights tall is a headline, not running text
 
 
 def split_at_gutters(lines: Sequence[Line], *, settings: LayoutSettings | None = None) -> list[Line]:
@@ -78,7 +77,7 @@ def _gutter(i: int, k: int, spans: list[list[Span]], heights: list[float], near:
     for j in near:
         narrowed = _narrowed(strip, spans[j])
         if narrowed[1] - narrowed[0] < wide:
-            if heights[j] <= _TALL * unit:
+            if heights[j] <= HEADLINE * unit:
                 return False  # a word of the running text where the gap is: a word space
             continue  # a headline across the columns
         strip = narrowed

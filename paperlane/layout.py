@@ -55,7 +55,7 @@ from paperlane.schemas import Block, BlockKind, Line, Point, Word
 from paperlane.settings import LayoutSettings
 
 Box = tuple[float, float, float, float]  # x0, y0, x1, y1
-_TALL = 1.5  # a line this many median line heights tall is a headline, not running text
+HEADLINE = 1.5  # a line this many median line heights tall is a headline, not running text (also paperlane.gutters)
 
 
 def order_lines(lines: Sequence[Line], *, page_height: float | None = None,
@@ -214,9 +214,9 @@ class _Cutter:
     def _under_headline(self, first: list[int], then: list[int]) -> bool:
         if not first or not then:
             return False
-        head = self.boxes[min(first, key=lambda i: self.boxes[i][1])]
-        tall = head[3] - head[1] >= _TALL * self.unit
-        return tall and head[3] <= self._top(then) <= head[3] + 2 * self.unit
+        top = min(first, key=lambda i: self.boxes[i][1])
+        bottom = self.boxes[top][3]
+        return self._headline([top]) and bottom <= self._top(then) <= bottom + 2 * self.unit
 
     def _widest(self, idx: list[int], cuts: list[float]) -> list[float]:
         """The one gutter with the most room, when there are several (the others may split a table)."""
@@ -314,8 +314,8 @@ class _Cutter:
         return gutter and not split and self._headline(run)
 
     def _headline(self, idx: list[int]) -> bool:
-        """Whether every line of ``idx`` is at least ``_TALL`` line heights tall."""
-        return all(self.boxes[i][3] - self.boxes[i][1] >= _TALL * self.unit for i in idx)
+        """Whether every line of ``idx`` is at least ``HEADLINE`` line heights tall."""
+        return all(self.boxes[i][3] - self.boxes[i][1] >= HEADLINE * self.unit for i in idx)
 
     def _top(self, idx: list[int]) -> float:
         return min(self.boxes[i][1] for i in idx)

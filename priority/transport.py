@@ -87,6 +87,7 @@ class Channel(kombu_redis.Channel):
     fair_buffer = 4
     # kombu types the attribute as its own tuple's exact shape; two more options make it longer.
     from_transport_options = (*kombu_redis.Channel.from_transport_options, "fair_share", "fair_buffer")  # type: ignore[assignment]
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._fair: fair.FairLanes | None = None

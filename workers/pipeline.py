@@ -76,8 +76,8 @@ class Runtime:
         log.info("engine %s: batches of %d, %d in flight, %d page slots", engine.info.name, plan.batch_size,
                  cap.batches_in_flight, plan.total)
         return cls(settings=settings, db=db, store=store, engine=engine, pool=CpuPool(settings, store=store),
-                   batcher=batcher, outputs=OutputsPool(settings, writer_of(settings, db, store)), slots=plan.total, batch_slots=plan.batch, answers=answers,
-                   images_back=images_back)
+                   batcher=batcher, outputs=OutputsPool(settings, writer_of(settings, db, store)), slots=plan.total,
+                   batch_slots=plan.batch, answers=answers, images_back=images_back)
 
     def close(self) -> None:
         stats = self.batcher.stats
