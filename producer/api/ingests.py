@@ -31,6 +31,7 @@ from paperlane.producer.api.documents import wait_for_change
 from paperlane.producer.api.errors import ApiError, public
 from paperlane.producer.api.options import Id, IngestRequest, checked
 from paperlane.producer.api.service import CallerDep, Service, ServiceDep, check_budget, check_room
+from paperlane.producer.api.turns import TurnDep
 from paperlane.producer.submit import Submitter
 from paperlane.status import RollupState
 from paperlane.storage import ingests, status_reads, tenants, views
@@ -74,7 +75,7 @@ async def post_ingest(req: IngestRequest, svc: ServiceDep, who: CallerDep) -> di
 
 
 @router.get("/{ingest_id}")
-async def get_ingest(ingest_id: Id, svc: ServiceDep, who: CallerDep,
+async def get_ingest(ingest_id: Id, svc: ServiceDep, who: CallerDep, turn: TurnDep,
                      wait: Annotated[float, Query(ge=0)] = 0) -> dict[str, Any]:
     """An ingest's progress (``error``: why its registration stopped short), and its share of the engine now with the
     time it needs at that share; ``wait``: hold the answer until it changes (seconds, at most api.max_wait)."""
@@ -84,7 +85,7 @@ async def get_ingest(ingest_id: Id, svc: ServiceDep, who: CallerDep,
         share = (svc.fair.share_or_none(row.lane, row.tenant_id, row.id)
                  if svc.settings.fair_share.enabled and not progress.done else None)
         return views.ingest_view(row, progress, failures, share=share)
-    return public(await wait_for_change(svc, who, read, wait))
+    return public(await wait_for_change(svc, who, read, wait, turn=turn))
 
 
 @router.get("/{ingest_id}/review")
