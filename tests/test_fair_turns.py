@@ -165,7 +165,7 @@ async def _long_poll(stack: Stack) -> None:
         poll = asyncio.create_task(api.get(f"{path}?wait=30", headers=_auth(acme)))
         streams = stack.broker()
         await _until(lambda: streams.zcard(keys.streams(acme.key_id)) == 1, "the long poll waiting")
-        await _until(lambda: gate.running == {}, "the long poll without a turn")
+        await _until(lambda: gate.running == {}, "the long poll without a turn", timeout=10)
         for _ in range(3):  # acme's one turn is free for its other requests meanwhile
             answer = await asyncio.wait_for(api.get(path, headers=_auth(acme)), 10)
             assert answer.status_code == 200, answer.text
