@@ -16,7 +16,12 @@ interpreter with them: what is timed is the API. Each phase prints the API proce
 clients' (seconds of CPU per second; the API's build processes are in neither): on a small host the clients take
 CPU from the API too.
 
-Last line: ``flood_over_idle=<p50 under the build flood / p50 idle>`` (target <= 2).
+Last line: ``... flood_over_idle=<p50 under the build flood / p50 idle>`` (target <= 2).
+
+``--compare`` runs it twice, each on an API process, database and bucket of its own on the same services: the
+fair-turn gate (``producer.api.turns``) wide open (its limits huge: every request in at once, as before it) and at
+its defaults, one after the other (``--gate-first`` swaps the order; ``--rounds N`` runs N pairs, the order swapped
+each round), and prints each run's table and both ratios per run.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +53,9 @@ from paperlane.storage.objects import open_store, result_key
 from tests.api_server import ApiProcess
 
 FORMATS = ("alto", "hocr", "mets")
+_HUGE = str(1_000_000)
+WIDE_OPEN = {"API__CONCURRENT_REQUESTS": _HUGE, "API__TENANT_CONCURRENT_REQUESTS": _HUGE,
+             "API__TENANT_QUEUED_REQUESTS": _HUGE}  # --compare: every request let in at once, as before the gate
 
 
 def pct(values: list[float], q: float) -> float:
@@ -142,6 +151,71 @@ def _under_flood(server: ApiProcess, reader: tuple[str, str], flood: tuple[str, 
     return busy, seen, cpu / took, client / took
 
 
+@dataclass
+class Run:
+    """One API's phases: the reader's read times (ms) idle, under the status-read flood and under the build flood,
+    the API's and the flood clients' CPU (seconds a second) in each, and the floods' answers by status."""
+
+    idle: list[float]
+    reads: list[float]
+    busy: list[float]
+    cpu: tuple[float, float, float]
+    clients: tuple[float, float]
+    read_seen: dict[int, int]
+    seen: dict[int, int]
+
+
+def _run(svc: Any, root: Path, args: argparse.Namespace, overrides: dict[str, str]) -> Run:
+    """The three phases against an API of its own (its own database, bucket, tenants and documents: nothing built
+    by another run is read back here) under the settings ``overrides``."""
+    budget = {"API__BUILD_PAGES_PER_MINUTE": str(args.budget)} if args.budget else {}
+    config = write_config(svc, root, **budget, **overrides)
+    Database(load_settings(config).database_url).upgrade()
+    server = ApiProcess(config, root / f"api-{config.stem}.log").wait_ready()
+    try:
+        flood_docs = _documents(config, "flood", count=args.documents, pages=args.pages)
+        reader_doc = _documents(config, "reader", count=1, pages=1)[0]
+        db = Database(load_settings(config).database_url)
+        flood_key = tenants.create_key(db, tenant="flood").key
+        reader_key = tenants.create_key(db, tenant="reader").key
+        _reads(server.url, reader_key, reader_doc, 20)  # warm up
+        cpu0, t0 = process_cpu_seconds(server.proc.pid), time.monotonic()
+        idle = _reads(server.url, reader_key, reader_doc, args.samples)
+        idle_cpu = (process_cpu_seconds(server.proc.pid) - cpu0) / (time.monotonic() - t0)
+
+        def reader() -> tuple[str, str]:  # a key of its own each phase: within api.rate_per_minute
+            return tenants.create_key(db, tenant="reader").key, reader_doc
+        crowd = (tenants.create_key(db, tenant="crowd").key, _documents(config, "crowd", count=1, pages=1))
+        reads, read_seen, reads_cpu, reads_clients = _under_flood(server, reader(), crowd, threads=args.threads,
+                                                                  samples=args.samples, builds=False)
+        busy, seen, busy_cpu, busy_clients = _under_flood(server, reader(), (flood_key, flood_docs),
+                                                          threads=args.threads, samples=args.samples, builds=True)
+        db.dispose()
+    finally:
+        server.stop()
+    return Run(idle, reads, busy, (idle_cpu, reads_cpu, busy_cpu), (reads_clients, busy_clients), read_seen, seen)
+
+
+def _report(label: str, run: Run, args: argparse.Namespace) -> None:
+    print(f"{label + ': reader GET /v1/documents/{id}':44} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8} "
+          f"{'API CPU/s':>10} {'flood clients CPU/s':>20}")
+    for phase, took, cpu, clients in (
+            ("idle", run.idle, run.cpu[0], 0.0),
+            (f"flood of {args.threads} status readers", run.reads, run.cpu[1], run.clients[0]),
+            (f"flood of {args.threads} builders", run.busy, run.cpu[2], run.clients[1])):
+        print(f"  {phase:42} {statistics.median(took):8.1f} {pct(took, 0.95):8.1f} {max(took):8.1f} {cpu:10.2f} "
+              f"{clients:20.2f}")
+    print(f"  status-read flood answers: {dict(sorted(run.read_seen.items()))}")
+    print(f"  build flood answers: {dict(sorted(run.seen.items()))} ({args.documents} documents of {args.pages} "
+          f"pages x {len(FORMATS)} formats; api.build_pages_per_minute={args.budget or 'default'})")
+
+
+def _ratios(run: Run) -> str:
+    idle = statistics.median(run.idle)
+    return (f"reads_flood_over_idle={statistics.median(run.reads) / idle:.2f} "
+            f"flood_over_idle={statistics.median(run.busy) / idle:.2f}")  # flood_over_idle last: the headline
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--documents", type=int, default=8)
@@ -149,46 +223,29 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=8)
     p.add_argument("--samples", type=int, default=200)
     p.add_argument("--budget", type=int, default=None, help="api.build_pages_per_minute (default: the setting's)")
+    p.add_argument("--compare", action="store_true", help="the fair-turn gate wide open and at its defaults, side "
+                   "by side (an API each, one after the other)")
+    p.add_argument("--gate-first", action="store_true", help="--compare: the gate at its defaults first")
+    p.add_argument("--rounds", type=int, default=1, help="--compare: pairs of runs, the order swapped each round")
     args = p.parse_args()
+    variants = [("gate wide open", WIDE_OPEN), ("gate at defaults", {})] if args.compare else [("defaults", {})]
+    if args.gate_first:
+        variants.reverse()
+    runs: list[tuple[str, Run]] = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         svc = start_services(root)
-        budget = {"API__BUILD_PAGES_PER_MINUTE": str(args.budget)} if args.budget else {}
-        config = write_config(svc, root, **budget)
-        Database(load_settings(config).database_url).upgrade()
-        server = ApiProcess(config, root / "api.log").wait_ready()
         try:
-            flood_docs = _documents(config, "flood", count=args.documents, pages=args.pages)
-            reader_doc = _documents(config, "reader", count=1, pages=1)[0]
-            db = Database(load_settings(config).database_url)
-            flood_key = tenants.create_key(db, tenant="flood").key
-            reader_key = tenants.create_key(db, tenant="reader").key
-            _reads(server.url, reader_key, reader_doc, 20)  # warm up
-            cpu0, t0 = process_cpu_seconds(server.proc.pid), time.monotonic()
-            idle = _reads(server.url, reader_key, reader_doc, args.samples)
-            idle_cpu = (process_cpu_seconds(server.proc.pid) - cpu0) / (time.monotonic() - t0)
-            def reader() -> tuple[str, str]:  # a key of its own each phase: within api.rate_per_minute
-                return tenants.create_key(db, tenant="reader").key, reader_doc
-            crowd = (tenants.create_key(db, tenant="crowd").key, _documents(config, "crowd", count=1, pages=1))
-            reads, read_seen, reads_cpu, reads_clients = _under_flood(server, reader(), crowd, threads=args.threads,
-                                                                      samples=args.samples, builds=False)
-            busy, seen, busy_cpu, busy_clients = _under_flood(server, reader(), (flood_key, flood_docs),
-                                                              threads=args.threads, samples=args.samples, builds=True)
+            for n in range(args.rounds if args.compare else 1):
+                for label, overrides in (variants if n % 2 == 0 else variants[::-1]):
+                    runs.append((f"{label} (round {n + 1})" if args.compare else label,
+                                 _run(svc, root, args, overrides)))
         finally:
-            server.stop()
             svc.stop()
-    print(f"{'reader GET /v1/documents/{id}':32} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8} {'API CPU/s':>10} "
-          f"{'flood clients CPU/s':>20}")
-    for label, took, cpu, clients in (
-            ("idle", idle, idle_cpu, 0.0), (f"flood of {args.threads} status readers", reads, reads_cpu, reads_clients),
-            (f"flood of {args.threads} builders", busy, busy_cpu, busy_clients)):
-        print(f"{label:32} {statistics.median(took):8.1f} {pct(took, 0.95):8.1f} {max(took):8.1f} {cpu:10.2f} "
-              f"{clients:20.2f}")
-    print(f"status-read flood answers: {dict(sorted(read_seen.items()))}")
-    print(f"build flood answers: {dict(sorted(seen.items()))} ({args.documents} documents of {args.pages} pages x "
-          f"{len(FORMATS)} formats; api.build_pages_per_minute={args.budget or 'default'})")
-    print(f"reads_flood_over_idle={statistics.median(reads) / statistics.median(idle):.2f}")
-    print(f"flood_over_idle={statistics.median(busy) / statistics.median(idle):.2f}")
+    for label, run in runs:
+        _report(label, run, args)
+    for label, run in runs:
+        print(f"{label + ': ' if args.compare else ''}{_ratios(run)}")
     return 0
 
 

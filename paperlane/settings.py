@@ -352,6 +352,13 @@ class ApiSettings(BaseModel):
     max_body_bytes: int = Field(1024 * 1024, ge=1, description="any other request body (JSON); 413 past it")
     rate_per_minute: int = Field(600, ge=1, description="requests per API key in any 60 s (429 past it)")
     tenant_rate_per_minute: int = Field(1200, ge=1, description="requests per tenant, all its keys, in any 60 s")
+    concurrent_requests: int = Field(16, ge=1, description="requests of /v1/ in progress at once in one API "
+                                     "process (not event streams and uploads); the rest wait their tenant's turn")
+    tenant_concurrent_requests: int = Field(2, ge=1, description="requests of one tenant in progress at once in "
+                                            "one API process; its others wait in its queue, served in turn with "
+                                            "other tenants'")
+    tenant_queued_requests: int = Field(64, ge=0, description="requests of one tenant waiting for their turn in "
+                                        "one API process; past it 429 busy, before the key is checked")
     auth_failures_per_minute: int = Field(20, ge=1, description="requests with a missing or wrong key per client "
                                           "address in any 60 s; past it every request from there is refused (429)")
     trusted_proxies: list[str] = Field(default_factory=lambda: ["127.0.0.1"], description="addresses whose "

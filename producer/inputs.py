@@ -50,7 +50,7 @@ def check_paths(paths: Iterable[str | Path]) -> None:
 
 
 def expand(paths: Iterable[str | Path], limits: IngestSettings, *, s3: Any = None,
-           inflation: Inflation | None = None) -> Iterator[Document | Skipped]:
+           inflation: Inflation | None = None, listed: dict[str, str] | None = None) -> Iterator[Document | Skipped]:
     """Every document under ``paths``, in a stable order, and every file skipped on the way.
 
     Folders are walked in name order, archive members come in archive order, S3 objects in key order.
@@ -58,13 +58,16 @@ def expand(paths: Iterable[str | Path], limits: IngestSettings, *, s3: Any = Non
     that does not exist (``check_paths`` says so before anything loads), an s3:// path without a client or
     with nothing under it, or a bucket that cannot be listed; StorageUnavailable when S3 cannot be reached.
     Anything wrong with one input is that input's refused ``Document``, never an exception. ``inflation``: what
-    archives have cost so far (one is made for this call otherwise).
+    archives have cost so far (one is made for this call otherwise). ``listed``: s3:// URL -> the key of the last
+    object of it whose documents were all yielded, kept up to date as they are; an s3:// URL in it is listed again
+    from after that key (ListObjectsV2's StartAfter), so a continuation reads on from where one stopped (an object
+    whose documents were not all taken is read again whole: skip what is registered).
     """
     ctx = Reading(limits, inflation or Inflation(limits))
     for raw in paths:
         text = str(raw)
         if text.startswith("s3://"):
-            yield from _s3_objects(text, ctx, s3)
+            yield from _s3_objects(text, ctx, s3, {} if listed is None else listed)
         elif os.path.isdir(text):
             yield from _walk(text, ctx)
         elif os.path.exists(text):
@@ -147,17 +150,19 @@ def _open_regular(path: Path) -> IO[bytes]:
     return os.fdopen(fd, "rb")
 
 
-def _s3_objects(url: str, ctx: Reading, client: Any) -> Iterator[Document | Skipped]:
-    """The objects under ``s3://bucket/prefix``, listed a page at a time, each read on its own. The prefix is one
-    object's key or a folder's: "scans" holds "scans/a.jpg", not "scans2/b.jpg"."""
+def _s3_objects(url: str, ctx: Reading, client: Any, listed: dict[str, str]) -> Iterator[Document | Skipped]:
+    """The objects under ``s3://bucket/prefix``, listed a page at a time (after ``listed[url]`` when it is there,
+    and it follows each object done), each read on its own. The prefix is one object's key or a folder's: "scans"
+    holds "scans/a.jpg", not "scans2/b.jpg"."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     if client is None:
         raise UsageError(f"{url}: reading s3:// inputs needs S3 settings")
     bucket, _, prefix = url[5:].partition("/")
-    found = False
+    found = url in listed  # going on: an earlier listing found something
+    after = {"StartAfter": listed[url]} if url in listed else {}
     try:
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, **after):
             for obj in page.get("Contents", []):
                 key: str = obj["Key"]
                 under = key[len(prefix):]
@@ -167,6 +172,7 @@ def _s3_objects(url: str, ctx: Reading, client: Any) -> Iterator[Document | Skip
                 item = Item(f"s3://{bucket}/{key}", under.lstrip("/") or key, obj["Size"],
                              partial(_s3_open, client, bucket, key))
                 yield from guarded(item, "S3 object", read_item(item, ctx, 0, explicit=key == prefix))
+                listed[url] = key  # every document of it taken
     except (BotoCoreError, ClientError) as exc:
         raise _listing_error(url, exc) from exc
     if not found:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -72,6 +72,26 @@ def test_a_tenant_with_room_is_not_held_up_by_four_without(stack_factory: Callab
     db.dispose()
 
 
+def _tight(stack: Stack, db: Database, tenant: str, *, room: int, objects: int) -> tuple[str, dict[str, str]]:
+    """A tenant with room for ``room`` pages in flight, granted ``<inbox>/<tenant>/`` holding ``objects`` one-page
+    images (``<d>.png``): the inbox bucket and the tenant's key's header."""
+    s3, inbox = stack.s3(), f"{stack.bucket}-inbox"
+    s3.create_bucket(Bucket=inbox)
+    auth = {"Authorization": f"Bearer {tenants.create_key(db, tenant=tenant).key}"}
+    tenants.grant_ingest(db, tenant, inbox, f"{tenant}/")
+    tenants.set_limits(db, tenant, max_pages_in_flight=room)
+    for d in range(objects):
+        s3.put_object(Bucket=inbox, Key=f"{tenant}/{d}.png", Body=tiny_page(d))
+    return inbox, auth
+
+
+async def _ingest(api: httpx.AsyncClient, source: str, auth: dict[str, str]) -> str:
+    """The id of a new ingest of ``source``."""
+    resp = await api.post("/v1/ingests", json={"source": source}, headers=auth)
+    assert resp.status_code == 202, resp.text
+    return str(resp.json()["ingest_id"])
+
+
 def db_pages(db: Database, ingest_id: str) -> list[str]:
     """The job ids of an ingest's pages."""
     from sqlalchemy import select
@@ -92,17 +112,9 @@ async def _stopped_while_parked(stack: Stack) -> None:
     from tests.test_edge import _api
 
     db = Database(stack.settings.database_url)
-    s3, inbox = stack.s3(), f"{stack.bucket}-inbox"
-    s3.create_bucket(Bucket=inbox)
-    auth = {"Authorization": f"Bearer {tenants.create_key(db, tenant='parked').key}"}
-    tenants.grant_ingest(db, "parked", inbox, "parked/")
-    tenants.set_limits(db, "parked", max_pages_in_flight=1)
-    for d in range(3):
-        s3.put_object(Bucket=inbox, Key=f"parked/{d}.png", Body=tiny_page(d))
+    inbox, auth = _tight(stack, db, "parked", room=1, objects=3)
     async with _api(stack) as api:
-        resp = await api.post("/v1/ingests", json={"source": f"s3://{inbox}/parked/"}, headers=auth)
-        assert resp.status_code == 202, resp.text
-        ingest_id = resp.json()["ingest_id"]
+        ingest_id = await _ingest(api, f"s3://{inbox}/parked/", auth)
         service = api._transport.app.state.service  # type: ignore[attr-defined]
         deadline = time.monotonic() + 20
         while (await api.get(f"/v1/ingests/{ingest_id}", headers=auth)).json()["documents"] < 1:
@@ -115,4 +127,78 @@ async def _stopped_while_parked(stack: Stack) -> None:
     view = views.ingest_view(row, progress, failures)
     assert view["status"] != "registering" and view["documents"] == 1, view
     assert view["error"] == f"registration stopped after 1 documents: {STOPPED}", view
+    db.dispose()
+
+
+class _Counting:
+    """A boto3 S3 client, counting the keys its listings return (what a continuation lists again)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client, self.listed = client, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+    def get_paginator(self, name: str) -> Any:
+        paginator, owner = self.client.get_paginator(name), self
+
+        class Counted:
+            def paginate(self, **kwargs: Any) -> Iterator[dict[str, Any]]:
+                for page in paginator.paginate(**kwargs):
+                    owner.listed += len(page.get("Contents", []))
+                    yield page
+        return Counted()
+
+
+def test_a_continued_ingest_lists_its_prefix_from_where_it_stopped(stack_factory: Callable[..., Stack]) -> None:
+    """An ingest that stopped for room after 4 of 10 objects goes on listing after the last object it took whole:
+    6 keys listed again, not 10; its 4th object (not taken whole when it stopped) is read again."""
+    from paperlane.producer import inputs
+    from paperlane.settings import IngestSettings
+
+    stack = stack_factory()
+    s3, inbox = stack.s3(), f"{stack.bucket}-inbox"
+    s3.create_bucket(Bucket=inbox)
+    for d in range(10):
+        s3.put_object(Bucket=inbox, Key=f"in/{d:02}.png", Body=tiny_page(d))
+    url, listed, client = f"s3://{inbox}/in/", dict[str, str](), _Counting(s3)
+    first = inputs.expand([url], IngestSettings(), s3=client, listed=listed)
+    taken = [next(first).source for _ in range(4)]  # type: ignore[union-attr]
+    first.close()  # stopped: no room for the 4th
+    assert taken == [f"s3://{inbox}/in/{d:02}.png" for d in range(4)] and listed == {url: "in/02.png"}
+    client.listed = 0
+    rest = [item.source for item in inputs.expand([url], IngestSettings(), s3=client, listed=listed)]
+    assert rest == [f"s3://{inbox}/in/{d:02}.png" for d in range(3, 10)]
+    assert client.listed == 7, client.listed  # from in/03.png on, not the whole prefix again
+    assert listed == {url: "in/09.png"}
+
+
+def test_an_ingest_going_on_from_where_it_stopped_registers_each_object_once(
+        stack_factory: Callable[..., Stack]) -> None:
+    asyncio.run(_each_once(stack_factory()))
+
+
+async def _each_once(stack: Stack) -> None:
+    """An ingest of 7 objects by a tenant with room for 2 pages stops and goes on 3 times or more (its pages made
+    final in between): every object registered, each once."""
+    from sqlalchemy import select
+
+    from paperlane.storage.tables import DocumentRow
+    from tests.test_edge import _api
+
+    db = Database(stack.settings.database_url)
+    inbox, auth = _tight(stack, db, "slow", room=2, objects=7)
+    async with _api(stack) as api:
+        ingest_id = await _ingest(api, f"s3://{inbox}/slow/", auth)
+        deadline, failed = time.monotonic() + 60, set[str]()
+        while (view := (await api.get(f"/v1/ingests/{ingest_id}", headers=auth)).json())["status"] == "registering":
+            assert time.monotonic() < deadline, view
+            for job_id in set(db_pages(db, ingest_id)) - failed:  # room again: its pages final
+                jobstore.finish_failed(db, job_id, "engine refused the page", "inference")
+                failed.add(job_id)
+            await asyncio.sleep(0.2)
+    with db.session() as s:
+        sources = list(s.scalars(select(DocumentRow.source).where(DocumentRow.ingest_id == ingest_id)))
+    assert sorted(sources) == [f"s3://{inbox}/slow/{d}.png" for d in range(7)], (sources, view)
+    assert len(db_pages(db, ingest_id)) == 7
     db.dispose()

@@ -17,6 +17,7 @@ from paperlane.metrics import API_REQUESTS, API_SECONDS
 from paperlane.producer.api import documents, errors, health, ingests, pages, usage, web
 from paperlane.producer.api.guard import Guard
 from paperlane.producer.api.service import Service
+from paperlane.producer.api.turns import Gate, Turns
 from paperlane.producer.webhooks import Dispatcher
 from paperlane.settings import Settings
 
@@ -29,6 +30,7 @@ def create_app(settings: Settings, *, webhooks: bool = True) -> FastAPI:
         service = Service.open(settings)
         await to_thread.run_sync(service.db.upgrade)
         app.state.service = service
+        app.state.turns = Gate.of(settings.api)
         dispatcher = Dispatcher(service.db, settings.api) if webhooks else None
         task = asyncio.create_task(dispatcher.run()) if dispatcher else None
         try:
@@ -45,6 +47,7 @@ def create_app(settings: Settings, *, webhooks: bool = True) -> FastAPI:
                   description="Scanned documents to structured text: upload, wait, stream page results.")
     errors.install(app)
     app.add_middleware(Guard)  # inside the measuring middleware: its refusals are counted too
+    app.add_middleware(Turns)  # outside the guard: a request waits for its turn before its key is looked up
     _measure(app)
     for module in (health, web, documents, ingests, pages, usage):
         app.include_router(module.router)

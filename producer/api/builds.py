@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -85,8 +86,9 @@ class Builder:
         self._lock = threading.Lock()
         self._closed = False
 
-    def build(self, task: BuildTask) -> bytes:
-        """``task``'s bytes, built in a build process. Blocks: call it in a thread. Raises what the build raised
+    def build(self, task: BuildTask, *, waiting: Callable[[], None] = lambda: None) -> bytes:
+        """``task``'s bytes, built in a build process; ``waiting`` is called once the build is handed over (the
+        request gives its turn back: it only waits now). Blocks: call it in a thread. Raises what the build raised
         (NotFound, StorageError, ...) and ApiError 503 (``build_failed``, ``build_busy``) when it did not finish."""
         timeout = self._settings.api.build_timeout
         try:
@@ -96,6 +98,7 @@ class Builder:
             raise ApiError(503, "build_failed", f"no process could build the {FORMATS[task.fmt].title} now",
                            {"Retry-After": "5"}) from None
         try:
+            waiting()
             return _answer(future, FORMATS[task.fmt].title, timeout * _WAITS)
         finally:
             future.cancel()  # still queued (a wait given up): nobody wants it any more

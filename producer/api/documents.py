@@ -28,6 +28,7 @@ from paperlane.producer.api.files import DOCUMENT_FILES, document_file
 from paperlane.producer.api.limits import retry_after
 from paperlane.producer.api.options import Id, checked, upload_form
 from paperlane.producer.api.service import CallerDep, Service, ServiceDep, check_budget
+from paperlane.producer.api.turns import Turn, TurnDep
 from paperlane.schemas import OutputFormat
 from paperlane.status import OutputsState, RollupState
 from paperlane.storage import status_reads, views
@@ -56,17 +57,18 @@ async def post_document(request: Request, svc: ServiceDep, who: CallerDep) -> JS
 
 
 @router.get("/{document_id}")
-async def get_document(document_id: Id, svc: ServiceDep, who: CallerDep,
+async def get_document(document_id: Id, svc: ServiceDep, who: CallerDep, turn: TurnDep,
                        wait: Annotated[float, Query(ge=0)] = 0) -> dict[str, Any]:
     """A document's status and progress; ``wait``: hold the answer until it changes (seconds, at most api.max_wait)."""
 
     def read() -> dict[str, Any]:
         return views.document_view(*status_reads.document_progress(svc.db, document_id, tenant_id=who.tenant_id))
-    return public(await wait_for_change(svc, who, read, wait))
+    return public(await wait_for_change(svc, who, read, wait, turn=turn))
 
 
 @router.get("/{document_id}/result", response_class=Response, responses=DOCUMENT_FILES)
-def get_result(document_id: Id, svc: ServiceDep, who: CallerDep, format: OutputFormat = OutputFormat.JSON,
+def get_result(document_id: Id, svc: ServiceDep, who: CallerDep, turn: TurnDep,
+               format: OutputFormat = OutputFormat.JSON,
                page: Annotated[int | None, Query(ge=1, description="format=page: which page's PAGE XML")] = None
                ) -> Response:
     """The document in one format: JSON (its pages in order), markdown, searchable PDF, ALTO, hOCR, METS, or a page's
@@ -74,7 +76,8 @@ def get_result(document_id: Id, svc: ServiceDep, who: CallerDep, format: OutputF
     they did not write are built now (documents of at most api.max_build_pages pages). 409 while its pages are being
     processed or (JSON, markdown, PDF) its outputs are being written (the document's ``outputs.state`` says which)."""
     row, progress, _ = status_reads.document_progress(svc.db, document_id, tenant_id=who.tenant_id)
-    return document_file(svc, row, done=progress.done, fmt=format, page=page, tenant_id=who.tenant_id)
+    return document_file(svc, row, done=progress.done, fmt=format, page=page, tenant_id=who.tenant_id,
+                         waiting=turn.give_back_from_thread)
 
 
 @router.get("/{document_id}/events", response_class=StreamingResponse,
@@ -89,9 +92,10 @@ async def document_events(request: Request, document_id: Id, svc: ServiceDep, wh
 
 
 async def wait_for_change(svc: Service, who: Caller, read: Callable[[], dict[str, Any]],
-                          wait: float) -> dict[str, Any]:
+                          wait: float, *, turn: Turn) -> dict[str, Any]:
     """``read()`` now, or once it differs from now (long poll, counted among the key's streams), or when ``wait``
-    seconds (at most ``api.max_wait``) have passed."""
+    seconds (at most ``api.max_wait``) have passed. Each read holds the request's turn, each wait between them
+    gives it back (``producer.api.turns``)."""
     api = svc.settings.api
     view = await svc.read(read)
     deadline = time.monotonic() + min(wait, api.max_wait)
@@ -100,7 +104,8 @@ async def wait_for_change(svc: Service, who: Caller, read: Callable[[], dict[str
     stream = await _Stream.open(svc, who)
     try:
         while time.monotonic() < deadline:
-            await asyncio.sleep(min(api.stream_poll, max(0.0, deadline - time.monotonic())))
+            async with turn.aside():  # its reads take turns, its waits do not
+                await asyncio.sleep(min(api.stream_poll, max(0.0, deadline - time.monotonic())))
             await to_thread.run_sync(svc.check_live, who)  # 401 once the key is revoked
             newer = await svc.read(read)
             if newer != view:

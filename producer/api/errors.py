@@ -62,7 +62,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     413: _documented("a body, an upload or its pages over a limit"),
     415: _documented("not a format paperlane reads"),
     422: _documented("a parameter or body field out of its range or type"),
-    429: _documented("over a rate, budget or stream limit", **{"Retry-After": "seconds"}),
+    429: _documented("over a rate, budget or stream limit, or (busy) too many of the tenant's requests waiting for "
+                     "their turn", **{"Retry-After": "seconds"}),
     503: _documented("a service paperlane needs is unreachable, or an archive format's build did not finish "
                      "(build_failed: past its limits; build_busy: queued too long)", **{"Retry-After": "seconds"}),
 }

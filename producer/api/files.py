@@ -8,6 +8,7 @@ Builds run in the API's build processes (``producer.api.builds``); this module o
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 from fastapi.responses import Response
@@ -41,9 +42,10 @@ PAGE_FILES = _contents([OutputFormat.JSON, *(f for f in ARCHIVE_FORMATS if FORMA
 
 
 def document_file(svc: Service, row: DocumentRow, *, done: bool, fmt: OutputFormat, page: int | None,
-                  tenant_id: str) -> Response:
+                  tenant_id: str, waiting: Callable[[], None]) -> Response:
     """The document in ``fmt`` (``page``: which page's PAGE XML, when it has several). 409 until every page is final
-    (and, for JSON, markdown and PDF, until the outputs are written); 404 for what is not there and cannot be built."""
+    (and, for JSON, markdown and PDF, until the outputs are written); 404 for what is not there and cannot be built.
+    ``waiting``: called when a build is handed to a build process (``Builder.build``)."""
     if not done:
         raise ApiError(409, "not_ready", "the document's pages are still being processed", {"Retry-After": "1"})
     total = row.pages_total
@@ -51,20 +53,21 @@ def document_file(svc: Service, row: DocumentRow, *, done: bool, fmt: OutputForm
     if fmt in written_formats(row):
         data = svc.store.get(document_key(row.id, fmt, number, total))
     elif FORMATS[fmt].archive:
-        data = _kept(svc, row, fmt, number, tenant_id=tenant_id)
+        data = _kept(svc, row, fmt, number, tenant_id=tenant_id, waiting=waiting)
     else:
         raise _not_written(row, fmt)
     return _response(data, fmt, name=row.name, page=number, total=total)
 
 
-def page_file(svc: Service, found: status_reads.PageView, fmt: OutputFormat, *, tenant_id: str) -> Response:
+def page_file(svc: Service, found: status_reads.PageView, fmt: OutputFormat, *, tenant_id: str,
+              waiting: Callable[[], None]) -> Response:
     """The page alone in an archive format (ALTO, PAGE XML, hOCR), built from its result (one page of the tenant's
-    ``api.build_pages_per_minute``); 409 until it is final."""
+    ``api.build_pages_per_minute``); 409 until it is final. ``waiting``: as ``document_file``'s."""
     document, number = found.document, found.page.page_no
     if not views.page_state(found.job).final:
         raise ApiError(409, "not_ready", "the page is still being processed", {"Retry-After": "1"})
     _spend(svc, tenant_id, 1)
-    data = svc.builder.build(BuildTask(document.id, fmt, page_id=found.page.id))
+    data = svc.builder.build(BuildTask(document.id, fmt, page_id=found.page.id), waiting=waiting)
     return _response(data, fmt, name=document.name, page=number, total=document.pages_total)
 
 
@@ -85,7 +88,8 @@ def _page_number(fmt: OutputFormat, page: int | None, total: int) -> int | None:
     return page
 
 
-def _kept(svc: Service, row: DocumentRow, fmt: OutputFormat, page: int | None, *, tenant_id: str) -> bytes:
+def _kept(svc: Service, row: DocumentRow, fmt: OutputFormat, page: int | None, *, tenant_id: str,
+          waiting: Callable[[], None]) -> bytes:
     """``fmt`` as built for this version of the document's pages: read back when it was built before, else built
     now (its pages spent from the tenant's ``api.build_pages_per_minute``: 429 past it) and kept beside the
     document's outputs. The version changes when a page's result does (the document finishes again)."""
@@ -102,7 +106,7 @@ def _kept(svc: Service, row: DocumentRow, fmt: OutputFormat, page: int | None, *
     except ObjectNotFound:
         pass
     _spend(svc, tenant_id, 1 if not FORMATS[fmt].document else row.pages_total)
-    return svc.builder.build(BuildTask(row.id, fmt, page, keep=key))  # built and kept in a build process
+    return svc.builder.build(BuildTask(row.id, fmt, page, keep=key), waiting=waiting)  # built, kept, in a process
 
 
 def _spend(svc: Service, tenant_id: str, pages: int) -> None:

@@ -32,7 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from paperlane.producer.api.errors import error
 from paperlane.producer.api.limits import retry_after
 from paperlane.producer.api.service import CALLER, Service
-from paperlane.storage.tenants import Caller
+from paperlane.storage.tenants import Caller, hash_key
 
 MULTIPART_SLACK = 64 * 1024  # an upload's form around its file
 _UPLOAD = ("POST", "/v1/documents")
@@ -97,7 +97,7 @@ async def _door(svc: Service, scope: Scope, headers: Headers) -> Response | None
 
 async def _caller(svc: Service, scope: Scope, headers: Headers) -> Caller | Response:
     api, limits = svc.settings.api, svc.limits
-    client = f"client.{scope['client'][0] if scope.get('client') else 'unknown'}"
+    client = _client(scope)
     wait = await to_thread.run_sync(partial(limits.admit, {client: api.auth_failures_per_minute}, log=False))
     if wait:
         return error(429, "auth_throttled", f"more than {api.auth_failures_per_minute} requests without a valid key "
@@ -114,6 +114,21 @@ async def _caller(svc: Service, scope: Scope, headers: Headers) -> Caller | Resp
         return error(429, "rate_limited", f"more than {api.rate_per_minute} requests a minute with this key, or "
                      f"{api.tenant_rate_per_minute} with this tenant's keys", {"Retry-After": retry_after(wait)})
     return found
+
+
+def turn_of(svc: Service, scope: Scope) -> str:
+    """Whose turn the request takes (``producer.api.turns``), known without the database: its key's tenant when
+    the key is in the cache, the key's own digest when it is not (an unknown key waits alone), the client's
+    address when it has no key."""
+    key = _bearer(Headers(scope=scope))
+    if not key:
+        return _client(scope)
+    found = svc.cached_caller(key)
+    return f"tenant.{found.tenant_id}" if found is not None else f"key.{hash_key(key)}"
+
+
+def _client(scope: Scope) -> str:
+    return f"client.{scope['client'][0] if scope.get('client') else 'unknown'}"
 
 
 def _bearer(headers: Headers) -> str:

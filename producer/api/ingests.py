@@ -7,7 +7,8 @@ the next document, what fitted is registered and the registration gives its thre
 is registered) once there is room again. What its archives inflate is bounded like an upload's, and if
 it stops short (S3 unreadable, its monthly budget used, the API stopping, also while it waits for room) the ingest
 records why and is closed with what it registered; it is not resumed by another API process (start a new ingest of
-the same prefix: what is registered is skipped).
+the same prefix: what is registered is skipped). A continuation lists the prefix on from the last object whose
+documents were all taken (kept in memory: ``inputs.expand``'s ``listed``), not from its start.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import logging
 import uuid
 from functools import partial
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
 
 from anyio import to_thread
@@ -31,6 +32,7 @@ from paperlane.producer.api.documents import wait_for_change
 from paperlane.producer.api.errors import ApiError, public
 from paperlane.producer.api.options import Id, IngestRequest, checked
 from paperlane.producer.api.service import CallerDep, Service, ServiceDep, check_budget, check_room
+from paperlane.producer.api.turns import TurnDep
 from paperlane.producer.submit import Submitter
 from paperlane.status import RollupState
 from paperlane.storage import ingests, status_reads, tenants, views
@@ -74,7 +76,7 @@ async def post_ingest(req: IngestRequest, svc: ServiceDep, who: CallerDep) -> di
 
 
 @router.get("/{ingest_id}")
-async def get_ingest(ingest_id: Id, svc: ServiceDep, who: CallerDep,
+async def get_ingest(ingest_id: Id, svc: ServiceDep, who: CallerDep, turn: TurnDep,
                      wait: Annotated[float, Query(ge=0)] = 0) -> dict[str, Any]:
     """An ingest's progress (``error``: why its registration stopped short), and its share of the engine now with the
     time it needs at that share; ``wait``: hold the answer until it changes (seconds, at most api.max_wait)."""
@@ -84,7 +86,7 @@ async def get_ingest(ingest_id: Id, svc: ServiceDep, who: CallerDep,
         share = (svc.fair.share_or_none(row.lane, row.tenant_id, row.id)
                  if svc.settings.fair_share.enabled and not progress.done else None)
         return views.ingest_view(row, progress, failures, share=share)
-    return public(await wait_for_change(svc, who, read, wait))
+    return public(await wait_for_change(svc, who, read, wait, turn=turn))
 
 
 @router.get("/{ingest_id}/review")
@@ -139,6 +141,8 @@ class _Job:
     key: list[str]  # what the ingest was opened with (its key): a continuation reopens it
     name: str
     who: Caller  # whose key started it: registration stops once it is revoked
+    listed: dict[str, str] = field(default_factory=dict)  # s3:// URL -> its last object done: a continuation
+    # lists on from there (``inputs.expand``), not from the start of the prefix
 
 
 async def _drive(svc: Service, who: Caller, first: Submitter, again: Callable[[], Submitter], job: _Job) -> None:
@@ -203,7 +207,8 @@ def _register(svc: Service, submitter: Submitter, job: _Job) -> bool:
 
     try:
         client = S3Store.from_settings(svc.settings.storage.model_copy(update={"create_bucket": False})).client
-        items = _while_live(svc, job.who, inputs.expand(job.sources, svc.settings.ingest, s3=client))
+        items = _while_live(svc, job.who, inputs.expand(job.sources, svc.settings.ingest, s3=client,
+                                                          listed=job.listed))
         for _ in submitter.submit(items, name=job.name, sources=job.key):
             if svc.stopping.is_set():
                 raise _Stopped

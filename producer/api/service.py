@@ -120,6 +120,12 @@ class Service:
             self.auth_cache[digest] = cached
         return cached[1]
 
+    def cached_caller(self, key: str) -> Caller | None:
+        """The caller of a key looked up before (``caller``), from the cache alone, however old: what it says of
+        who holds the key (its tenant) never changes. Never the database: call it in the event loop."""
+        cached = self.auth_cache.get(hash_key(key))
+        return cached[1] if cached is not None else None
+
     def live(self, who: Caller, *, fresh: bool = False) -> bool:
         """Whether the caller's key is still not revoked: looked up again every few seconds (``fresh``: now), so
         what a revoked key opened (a stream, an ingest's registration) stops within the key cache's lifetime.
