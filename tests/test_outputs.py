@@ -138,8 +138,8 @@ class _Counting:
         self.puts.append(key)
         self.store.put(key, data, content_type=content_type)
 
-    def get(self, key: str) -> bytes:
-        return self.store.get(key)
+    def get(self, key: str, *, max_bytes: int | None = None) -> bytes:
+        return self.store.get(key, max_bytes=max_bytes)
 
     def exists(self, key: str) -> bool:
         return self.store.exists(key)
