@@ -14,6 +14,9 @@ which task it holds:
   abort): it is replaced, and the task it held fails with ``ProcessDied`` (its exit status);
 - every other task goes on, on the other processes, and on the replacement when it is up.
 
+A process ignores SIGTERM and SIGINT: a stop signalled to the whole process group reaches the parent, which lets
+the tasks running finish (``close``) and then stops its processes.
+
 Each process runs ``initializer(*initargs)`` once, then is held to ``memory_bytes`` of address space
 more than it had after that (``RLIMIT_AS``: what a page may allocate on top of the libraries already
 loaded). Results and arguments are pickled through one pipe per process.
@@ -67,6 +70,11 @@ def _child(conn: Connection, memory_bytes: int, initializer: Callable[..., None]
     """A pool process: initialise, bound its address space, then run tasks until told to stop (None)."""
     # A crash (an abort where memory ran out) must not spend seconds writing a core of the process.
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    # The pool stops its processes itself (``close``: the tasks running finish). A stop signalled to the whole
+    # process group (systemd's default, a terminal's Ctrl-C, ``kill -- -PGID``) would otherwise kill a task in the
+    # middle, and its work would be recorded as failed while the parent is still stopping gracefully.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if initializer is not None:
         initializer(*initargs)
     if memory_bytes:
