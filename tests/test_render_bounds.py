@@ -101,6 +101,7 @@ def test_a_bounded_pool_fails_only_the_task_that_killed_its_process() -> None:
         pool.close()
 
 
+@pytest.mark.processes
 def test_a_stop_signalled_to_the_process_group_lets_a_pool_task_finish() -> None:
     # SIGTERM to the whole group (systemd's default stop, ``kill -- -PGID``): the parent stops gracefully, so a
     # pool process must not die mid-task (a document's outputs were recorded as failed, given up, on every such stop).
