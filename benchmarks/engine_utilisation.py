@@ -31,7 +31,9 @@ pages).
 
 CPU per page is printed by process for both: the main process (the one that feeds the engine: a worker's from
 ready to the last page stored, the run's from its launch to its last reading, 0.1 s at most before it exits), the
-pools (preprocessing, a page's stored objects, document outputs: the rest of the group) and the group.
+pools (preprocessing, a page's stored objects, document outputs: the rest of the group) and the group. The main
+process counts its own CPU only: a pool process it reaped (one replaced after a limit or a crash, or stopped at the
+end) counts with the pools, not in the main process's figure, as /proc's cutime would have it.
 
 The window (the requests paperlane keeps at the server, models/window.py: it follows the server's /metrics)
 is printed over time from the run's log: min, median, max and a few samples.
@@ -108,13 +110,15 @@ class Probe:
     """Clocks read at one end of the window."""
 
     at: float  # epoch seconds
-    cpu: dict[int, float]  # the paperlane process group's CPU seconds by pid
+    cpu: dict[int, float]  # the paperlane process group's CPU seconds by pid (each with the children it reaped)
+    main: float  # the group leader's own CPU seconds, without the children it reaped (``process_cpu_seconds``)
     engine_cpu: float
     machine: tuple[float, float]
 
     @classmethod
     def read(cls, pgid: int, sim: SimEngine, *, at: float | None = None) -> Probe:
-        return cls(at or time.time(), group_cpu(pgid), process_cpu_seconds(sim.pid), machine_cpu())
+        return cls(at or time.time(), group_cpu(pgid), process_cpu_seconds(pgid), process_cpu_seconds(sim.pid),
+                   machine_cpu())
 
 
 @dataclass
@@ -200,7 +204,9 @@ def run_worker(args: argparse.Namespace, root: Path, pages: Iterator[bytes], sim
         failed = finished_jobs(db, "failed")
     finally:
         svc.stop()
-    main_s = end.cpu.get(worker.pid, 0.0) - start.cpu.get(worker.pid, 0.0)
+    # The worker's own CPU: a pool process it replaced and reaped (one killed past a limit, or died) counts in its
+    # cutime, which is the pools' work, not the feeding process's.
+    main_s = end.main - start.main
     total_s = sum(end.cpu.values()) - sum(start.cpu.values())
     _print_cpu_by_process("worker", main_s, total_s, len(ids))
     return _window(len(ids), failed, start, end, sim)
@@ -234,7 +240,7 @@ def run_embedded(args: argparse.Namespace, root: Path, pages: Iterator[bytes], s
           f"the engine")
     _print_timings([r["timings"] for r in results])
     end = Probe(max(p.stat().st_mtime for p in out.iterdir()), {proc.pid: usage.ru_utime + usage.ru_stime},
-                process_cpu_seconds(sim.pid), machine_cpu())
+                main_s, process_cpu_seconds(sim.pid), machine_cpu())
     start.at = first
     start.cpu = {}  # the run's CPU counts from its launch: wait4's rusage is its whole tree's since then
     _print_cpu_by_process("paperlane run", main_s, end.cpu[proc.pid], len(results))

@@ -9,7 +9,8 @@
      │    └── EngineOutputError   the engine answered but the answer is unusable
      ├── StorageError             object store or database failed
      │    ├── StorageUnavailable  cannot reach it (retryable)
-     │    └── ObjectNotFound      a key that should exist does not
+     │    ├── ObjectNotFound      a key that should exist does not
+     │    └── ObjectTooLarge      an object larger than the reader takes (found before its body is read)
      ├── NotFound                 no such id (the API answers 404)
      │    ├── JobNotFound, IngestNotFound, DocumentNotFound, PageNotFound, TenantNotFound
      ├── OverBudget               the tenant has as many pages in flight as it may (retryable when the pages
@@ -98,6 +99,16 @@ class StorageUnavailable(StorageError):
 
 class ObjectNotFound(StorageError):
     """An object that should exist is missing."""
+
+
+class ObjectTooLarge(StorageError):
+    """An object is larger than the reader asked for at most (``size`` bytes, when known: not after a trip
+    between processes); its body was not read."""
+
+    def __init__(self, message: str, *, stage: str | None = None, retryable: bool | None = None,
+                 size: int = 0) -> None:
+        super().__init__(message, stage=stage, retryable=retryable)
+        self.size = size
 
 
 class NotFound(PaperlaneError):

@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 
 from paperlane.errors import ObjectNotFound, StorageUnavailable
-from paperlane.storage.objects import split_range
+from paperlane.storage.objects import split_range, too_large
 
 
 class LocalStore:
@@ -32,8 +32,10 @@ class LocalStore:
         except OSError as exc:
             raise StorageUnavailable(f"cannot write {key}: {exc.strerror}", stage="store") from exc
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, *, max_bytes: int | None = None) -> bytes:
         base, span = split_range(key)
+        if max_bytes is not None and (size := self.size(key)) > max_bytes:
+            raise too_large(key, size, max_bytes)
         try:
             if span is None:
                 return self._path(base).read_bytes()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from paperlane.errors import ObjectTooLarge
 from paperlane.formats import file_name
 from paperlane.schemas import OutputFormat
 from paperlane.settings import ImageFormat, Settings, StorageBackend
@@ -32,9 +33,10 @@ class ObjectStore(Protocol):
         """Store ``data`` under ``key``, replacing what was there. Raises StorageUnavailable."""
         ...
 
-    def get(self, key: str) -> bytes:
-        """The bytes under ``key`` (only its byte range for a ``...#start-end`` key).
-        Raises ObjectNotFound or StorageUnavailable."""
+    def get(self, key: str, *, max_bytes: int | None = None) -> bytes:
+        """The bytes under ``key`` (only its byte range for a ``...#start-end`` key). ``max_bytes``: raise
+        ObjectTooLarge (with its size) instead when it is larger, found in the same request before its body is
+        read (no size lookup first). Raises ObjectNotFound or StorageUnavailable."""
         ...
 
     def exists(self, key: str) -> bool:
@@ -62,6 +64,11 @@ def pack_key(ingest_id: str, pack_id: str) -> str:
 def ranged(key: str, start: int, end: int) -> str:
     """The key of bytes [start, end) of the object ``key``."""
     return f"{key}#{start}-{end}"
+
+
+def too_large(key: str, size: int, max_bytes: int) -> ObjectTooLarge:
+    """What ``ObjectStore.get`` raises for an object of ``size`` bytes past ``max_bytes``."""
+    return ObjectTooLarge(f"object {key} has {size} bytes, more than the {max_bytes} asked for", size=size)
 
 
 def split_range(key: str) -> tuple[str, tuple[int, int] | None]:

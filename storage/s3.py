@@ -11,7 +11,7 @@ from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionEr
 
 from paperlane.errors import ObjectNotFound, StorageError, StorageUnavailable
 from paperlane.settings import StorageSettings
-from paperlane.storage.objects import split_range
+from paperlane.storage.objects import split_range, too_large
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +75,17 @@ class S3Store:
         except (ClientError, BotoCoreError) as exc:
             raise _mapped(exc, key) from exc
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, *, max_bytes: int | None = None) -> bytes:
         base, span = split_range(key)
+        if span is not None and max_bytes is not None and span[1] - span[0] > max_bytes:
+            raise too_large(key, span[1] - span[0], max_bytes)
         extra = {"Range": f"bytes={span[0]}-{span[1] - 1}"} if span else {}
         try:
             obj = self._s3.get_object(Bucket=self.bucket, Key=self.prefix + base, **extra)
+            size = int(obj.get("ContentLength", 0))
+            if max_bytes is not None and size > max_bytes:  # its headers say so: the body stays unread
+                obj["Body"].close()
+                raise too_large(key, size, max_bytes)
             return obj["Body"].read()
         except (ClientError, BotoCoreError) as exc:
             raise _mapped(exc, key) from exc

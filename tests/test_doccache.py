@@ -32,8 +32,8 @@ class CountingStore:
         self.bytes = self.whole = self.sizes = 0
         self._lock = threading.Lock()
 
-    def get(self, key: str) -> bytes:
-        data = self.store.get(key)
+    def get(self, key: str, *, max_bytes: int | None = None) -> bytes:
+        data = self.store.get(key, max_bytes=max_bytes)
         with self._lock:
             self.reads[key] = self.reads.get(key, 0) + 1
             self.bytes += len(data)

@@ -3,14 +3,20 @@ by the retry policy when a try fails, never marked written by a writer that lost
 
 from __future__ import annotations
 
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
 
+import cv2
+import numpy as np
+import pytest
 from lxml import etree
 
 from paperlane.formats.result_json import page_json
+from paperlane.producer.submit import SubmittedPage
 from paperlane.retry import RetryPolicy
+from paperlane.settings import Settings, WorkerSettings
 from paperlane.schemas import EngineInfo, JobStatus, Line, OutputFormat, PageResult
 from paperlane.status import OutputsState
 from paperlane.storage import ingests, status_reads, views
@@ -18,9 +24,11 @@ from paperlane.storage import jobs as jobstore
 from paperlane.storage import outputs as recorded
 from paperlane.storage.db import Database, utcnow
 from paperlane.storage.localfs import LocalStore
-from paperlane.storage.objects import document_key, result_key
+from paperlane.storage.objects import document_key, open_store, result_key
 from paperlane.workers.outputs import Writer, build_outputs
+from paperlane.workers.outputs_pool import OutputsPool, writer_of
 from tests.pages import tiny_page
+from tests.test_cpu_pool import _minor_faults, _pool_processes
 from tests.test_ingests import doc, succeed
 from tests.test_tenants import _submit
 
@@ -138,8 +146,8 @@ class _Counting:
         self.puts.append(key)
         self.store.put(key, data, content_type=content_type)
 
-    def get(self, key: str) -> bytes:
-        return self.store.get(key)
+    def get(self, key: str, *, max_bytes: int | None = None) -> bytes:
+        return self.store.get(key, max_bytes=max_bytes)
 
     def exists(self, key: str) -> bool:
         return self.store.exists(key)
@@ -172,3 +180,47 @@ def test_the_finishing_worker_builds_from_what_it_stored_the_same_files_as_a_rea
     assert all(known.files[key] == data for key, data in read.files.items())
     store.put(result_key(job.id), b"not json")  # known: the store is not read for it
     assert build_outputs(db, store, page.document_id, formats=formats, known={job.id: result}).files == known.files
+
+
+def _noisy_a4(seed: int) -> bytes:
+    """An A4 300 dpi grey scan with a scanner's noise: ~1 MB of JPEG, as most scans are."""
+    noise = np.random.default_rng(seed).normal(245, 2, (3508, 2480))
+    ok, enc = cv2.imencode(".jpg", np.clip(noise, 0, 255).astype(np.uint8), [cv2.IMWRITE_JPEG_QUALITY, 85])
+    assert ok
+    return enc.tobytes()
+
+
+@pytest.mark.processes
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_an_outputs_process_reuses_its_document_buffers(tmp_path: Path) -> None:
+    # A scan's outputs read its original (~1 MB) and build a searchable PDF that carries it (~1 MB, copied while it
+    # is made reproducible). Without keep_freed_memory each document faulted those buffers in again: ~1,250 page
+    # faults a document in engine_utilisation's runs.
+    settings = Settings(data_dir=tmp_path / "data", worker=WorkerSettings(output_processes=1))
+    db = Database(settings.database_url)
+    db.upgrade()
+    store = open_store(settings)
+    pages = []
+    for i in range(6):
+        [page] = _submit(db, store, [doc(f"scan{i}", _noisy_a4(i))], ingests.Owner())  # type: ignore[arg-type]
+        succeed(db, page.job_id)
+        pages.append(page)
+    before = _pool_processes()
+    pool = OutputsPool(settings, writer_of(settings, db, store))
+    try:
+        [child] = _pool_processes() - before
+
+        def write(page: SubmittedPage) -> None:
+            known = {page.job_id: PageResult(job_id=page.job_id, source="scan", status=JobStatus.SUCCEEDED,
+                                             width=2480, height=3508)}
+            assert pool.write(page.document_id, known=known).result(timeout=120)
+
+        for page in pages[:3]:  # warm: the first documents size the heap
+            write(page)
+        faults = _minor_faults(child)
+        for page in pages[3:]:
+            write(page)
+        assert (_minor_faults(child) - faults) / 3 < 200
+    finally:
+        pool.close()
+        db.dispose()

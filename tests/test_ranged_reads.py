@@ -19,11 +19,11 @@ from PIL import Image
 
 from paperlane.errors import InputError, ObjectNotFound
 from paperlane.settings import IngestSettings, Settings, StorageBackend, StorageSettings, WorkerSettings
-from paperlane.storage.objects import open_store, original_key
+from paperlane.storage.objects import open_store, original_key, ranged
 from paperlane.storage.reader import ObjectReader
 from paperlane.storage.s3 import S3Store
 from paperlane.workers.cpu_pool import CpuPool
-from paperlane.workers.doccache import OpenDocuments, Spool
+from paperlane.workers.doccache import OpenDocuments, Spool, read_whole
 from paperlane.workers.input_limits import Limits
 from tests.services import S3_KEY, S3_SECRET, Service
 from tests.test_doccache import CountingStore, pdf_of_jpegs, scanned_pdf
@@ -225,3 +225,23 @@ def test_the_pool_refuses_an_original_too_large_for_a_worker_without_reading_it(
         assert store.reads == {}
     finally:
         pool.close()
+
+
+def test_an_original_stored_on_its_own_is_read_in_one_request_and_one_too_large_refused_by_that_request(
+        s3_store: S3Store) -> None:
+    # Counted at the boto3 boundary of the real store, against the real S3 server: no size lookup (HEAD) before
+    # the GET; the size comes with the GET's answer, and an original past the limit is refused before its body.
+    key, data = original_key("9" * 64, ".jpg"), bytes(range(256)) * 4096  # 1 MiB
+    s3_store.put(key, data)
+    calls: list[str] = []
+    s3_store.client.meta.events.register(  # type: ignore[attr-defined]
+        "before-call.s3", lambda model, **_: calls.append(model.name))
+    assert read_whole(s3_store, key, 2 << 20) == data
+    assert calls == ["GetObject"]
+    with pytest.raises(InputError, match=r"^file too large \(1 MiB, limit 0 MiB\)$"):
+        read_whole(s3_store, key, 1000)
+    assert calls == ["GetObject", "GetObject"]
+    assert read_whole(s3_store, ranged(key, 10, 20), 1000) == data[10:20]  # a byte range: its own size
+    with pytest.raises(InputError, match="file too large"):
+        read_whole(s3_store, ranged(key, 0, 2000), 1000)
+    assert calls == ["GetObject"] * 3  # a range past the limit is refused from its key alone

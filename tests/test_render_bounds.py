@@ -8,7 +8,9 @@ is the stand-in of ``test_page_failures``.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -95,6 +97,23 @@ def test_a_bounded_pool_fails_only_the_task_that_killed_its_process() -> None:
                 bad.result(timeout=60)
         assert [f.result(timeout=60) for f in after] == [0, 1, 4, 9, 16]
         assert pool.replaced == 2
+    finally:
+        pool.close()
+
+
+@pytest.mark.processes
+def test_a_stop_signalled_to_the_process_group_lets_a_pool_task_finish() -> None:
+    # SIGTERM to the whole group (systemd's default stop, ``kill -- -PGID``): the parent stops gracefully, so a
+    # pool process must not die mid-task (a document's outputs were recorded as failed, given up, on every such stop).
+    pool = BoundedPool(1, name="test", memory_bytes=0, timeout=30.0)
+    try:
+        assert pool.submit(_square, 2).result(timeout=60) == 4  # started and initialised
+        running = pool.submit(_sleep, 1.5)
+        time.sleep(0.5)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            os.kill(pool.pids[0], sig)
+        assert running.result(timeout=60) == 1.5
+        assert pool.replaced == 0
     finally:
         pool.close()
 

@@ -23,8 +23,6 @@ exception: a third-party one might not survive the trip back between processes.
 from __future__ import annotations
 
 import atexit
-import ctypes
-import ctypes.util
 import logging
 import os
 import time
@@ -37,7 +35,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from paperlane.bounded import BoundedPool, ProcessDied, TaskFailed, TaskTimedOut
+from paperlane.bounded import BoundedPool, ProcessDied, TaskFailed, TaskTimedOut, keep_freed_memory
 from paperlane.errors import INTERNAL_REASON, OutOfMemory, OverLimit, PaperlaneError
 from paperlane.models.engine import InputSpec
 from paperlane.schemas import PageResult
@@ -83,30 +81,10 @@ def _init_process(settings: Settings, niced: bool) -> None:
     import cv2
 
     cv2.setNumThreads(1)
-    _keep_freed_memory()
+    keep_freed_memory()
     _store = open_store(settings)
     _documents = OpenDocuments(budget=settings.worker.open_document_bytes)
     atexit.register(_documents.close)  # before PDFium's own exit hook, which warns of documents left open
-
-
-# glibc's mallopt() parameters (malloc.h).
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-
-
-def _keep_freed_memory() -> None:
-    """Keep a page's freed buffers for the next page instead of handing them back to the kernel.
-
-    By default glibc gives a freed multi-megabyte buffer (mmap) or the free top of its heap (trim)
-    back to the kernel, and the next page's buffers fault in again 4 kB at a time: 1,400 page faults
-    and 3.5 ms of CPU per A4 page in a pool process, an eighth of its work. Buffers below 32 MB now
-    come from the heap, and up to 64 MB of it stays free for reuse. Other C libraries: left alone.
-    """
-    try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
-    except (OSError, AttributeError, TypeError):
-        return
-    mallopt(_M_MMAP_THRESHOLD, 32 << 20)
-    mallopt(_M_TRIM_THRESHOLD, 64 << 20)
 
 
 def _prepare_key(key: str, page_number: int, spec: InputSpec, limits: Limits, preview_side: int,

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from paperlane import filetypes
-from paperlane.errors import InputError, PaperlaneError
+from paperlane.errors import InputError, ObjectTooLarge, PaperlaneError
 from paperlane.models.engine import InputSpec
 from paperlane.storage.objects import ObjectStore, split_range
 from paperlane.storage.reader import ObjectReader
@@ -62,15 +62,22 @@ def checked_size(store: ObjectStore, key: str, max_bytes: int) -> int:
     larger than ``max_bytes``, and what the store raises."""
     size = store.size(key)
     if size > max_bytes:
-        raise InputError(f"file too large ({size / 2**20:.0f} MiB, limit {max_bytes / 2**20:.0f} MiB)",
-                         stage="preprocess")
+        raise _too_large(size, max_bytes)
     return size
 
 
 def read_whole(store: ObjectStore, key: str, max_bytes: int) -> bytes:
-    """The original under ``key``, whole, once its size says a worker takes it (``checked_size``)."""
-    checked_size(store, key, max_bytes)
-    return store.get(key)
+    """The original under ``key``, whole, unless it is larger than ``max_bytes`` (InputError): one request, the
+    size read from its answer before the body (no size lookup first). Raises what the store raises."""
+    try:
+        return store.get(key, max_bytes=max_bytes)
+    except ObjectTooLarge as exc:
+        raise _too_large(exc.size, max_bytes) from None
+
+
+def _too_large(size: int, max_bytes: int) -> InputError:
+    return InputError(f"file too large ({size / 2**20:.0f} MiB, limit {max_bytes / 2**20:.0f} MiB)",
+                      stage="preprocess")
 
 
 @dataclass(frozen=True)

@@ -243,7 +243,7 @@ def _with_layers(pdf: pdfium.PdfDocument, ordered: list[PageResult]) -> bytes:
             pdfium_c.FPDFFont_Close(font.handle)
     out = io.BytesIO()
     pdf.save(out)
-    return _stable_id(_stable_date(out.getvalue()))
+    return _stable(out.getvalue())
 
 
 _FILE_ID = re.compile(rb"/ID\s*\[\s*<([0-9A-Fa-f]*)>\s*<([0-9A-Fa-f]{32})>\s*\]")
@@ -251,30 +251,37 @@ _FILE_ID = re.compile(rb"/ID\s*\[\s*<([0-9A-Fa-f]*)>\s*<([0-9A-Fa-f]{32})>\s*\]"
 _PDFIUM_DATE = re.compile(rb"/CreationDate\(D:\d{14}([+-]\d\d'\d\d'|Z)?\)(/Creator\(PDFium\))")
 
 
-def _stable_date(data: bytes) -> bytes:
-    """The PDF with the creation time PDFium gave a document it made set to the epoch (of the same length, so the
-    cross-reference offsets stay right): the same inputs give the same bytes at any time."""
-    def epoch(match: re.Match[bytes]) -> bytes:
-        return b"/CreationDate(D:19700101000000" + (match.group(1) or b"") + b")" + match.group(2)
-    return _PDFIUM_DATE.sub(epoch, data, count=1)
+def _stable(data: bytes) -> bytes:
+    """The PDF made reproducible: the same inputs give the same bytes at any time. The creation time PDFium gave a
+    document it made is set to the epoch, and the file identifiers it drew at random (the second one always, the
+    first when the original had none) are replaced by a hash of the content (that hash taken with them zeroed). Each
+    replacement is as long as what it replaces, so the cross-reference offsets stay right.
 
-
-def _stable_id(data: bytes) -> bytes:
-    """The PDF with the file identifiers pdfium drew at random (the second one always, the first when
-    the original had none) replaced by a hash of its content, so the same inputs give the same bytes.
-    The hash is as long as what it replaces: the cross-reference offsets stay right."""
+    The file is hashed piece by piece and copied once (a searchable PDF carries its page images: a megabyte or more
+    a page, where every copy costs page faults as well as the copying)."""
+    edits: list[tuple[int, int, bytes | None]] = []  # (start, end, replacement; None: the hash)
+    if (date := _PDFIUM_DATE.search(data)) is not None:
+        edits.append((date.start(), date.end(),
+                      b"/CreationDate(D:19700101000000" + (date.group(1) or b"") + b")" + date.group(2)))
     found = list(_FILE_ID.finditer(data, max(0, len(data) - 4096)))  # the trailer is at the end
-    if len(found) != 1:
+    if len(found) == 1:
+        match = found[0]
+        drawn = [2] if match.group(1) != match.group(2) else [1, 2]
+        edits += [(match.start(group), match.end(group), None) for group in drawn]
+    if not edits:
         return data
-    match = found[0]
-    drawn = [match.span(2)] if match.group(1) != match.group(2) else [match.span(1), match.span(2)]
-    out = bytearray(data)
-    for start, end in drawn:
-        out[start:end] = b"0" * 32
-    digest = hashlib.md5(out, usedforsecurity=False).hexdigest().upper().encode()
-    for start, end in drawn:
-        out[start:end] = digest
-    return bytes(out)
+    view, pieces, at = memoryview(data), [], 0
+    for start, end, replacement in sorted(edits):
+        pieces += [view[at:start], replacement]
+        at = end
+    pieces.append(view[at:])
+    if any(piece is None for piece in pieces):
+        md5 = hashlib.md5(usedforsecurity=False)
+        for piece in pieces:
+            md5.update(b"0" * 32 if piece is None else piece)
+        digest = md5.hexdigest().upper().encode()
+        pieces = [digest if piece is None else piece for piece in pieces]
+    return b"".join(pieces)  # type: ignore[arg-type]
 
 
 def build_page(content: Content, number: int, _spec: Format) -> bytes:
