@@ -33,6 +33,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
+from paperlane.errors import PaperlaneError, public_reason
 from paperlane.retry import Action, RetryPolicy
 from paperlane.settings import EngineKind, Settings
 from paperlane.storage import jobs as jobstore
@@ -72,6 +73,11 @@ def feeder_name(index: int) -> str:
 class _Ready:
     slots: int  # pages the feeding process works on at once
     pid: int
+
+
+@dataclass(frozen=True)
+class _CannotStart:
+    reason: str  # why its runtime did not start (the engine unreachable, ...): one readable line
 
 
 @dataclass
@@ -167,6 +173,8 @@ class RunFeeders:
                 if isinstance(msg, _Ready):
                     feeder.slots = msg.slots
                     log.info("%s (pid %d) ready: %d page slots", feeder.name, msg.pid, msg.slots)
+                elif isinstance(msg, _CannotStart):
+                    self._broken = self._broken or f"feeding process {feeder.name} could not start: {msg.reason}"
                 else:
                     got.append((feeder.held.pop(msg.job_id), msg))
         except (EOFError, OSError):  # it is gone: its sentinel says so too
@@ -196,7 +204,12 @@ def _feed(settings: Settings, name: str, out_dir: Path, inbox: Connection, outbo
     """A feeding process: attempt each handed page on a slot, report it; ``None`` (or the run gone): finish what it
     holds and stop."""
     setup(name)
-    rt = Runtime.start(settings)
+    try:
+        rt = Runtime.start(settings)
+    except PaperlaneError as exc:
+        log.error("%s could not start: %s", name, exc)
+        outbox.send(_CannotStart(public_reason(exc)))
+        return
     runner = AttemptRunner(rt, RetryPolicy.of(settings.worker), worker=name, crash_limit=False)
     lock = threading.Lock()  # slots report from their threads
 
