@@ -209,6 +209,12 @@ def test_a_run_with_two_feeding_processes_answers_every_page_once(tmp_path: Path
     assert "24 succeeded, 0 failed" in res.stdout
 
 
+def _held_by_2_and_some_done(config: Path) -> bool:
+    rows = _rows(config)
+    return (any(r.worker == "run-feeder-2" and r.status == "running" for r in rows)  # type: ignore[attr-defined]
+            and any(r.status == "succeeded" for r in rows))  # type: ignore[attr-defined]
+
+
 def test_a_feeding_process_killed_mid_run_stops_the_run_and_the_next_run_loses_nothing(tmp_path: Path) -> None:
     import re
     import signal
@@ -227,8 +233,8 @@ def test_a_feeding_process_killed_mid_run_stops_the_run_and_the_next_run_loses_n
                                     stderr=subprocess.STDOUT, start_new_session=True)
             try:
                 until(lambda: re.search(r"run-feeder-2 \(pid (\d+)\) ready", log.read_text()) is not None, timeout=120)
-                until(lambda: any(r.worker == "run-feeder-2" and r.status == "running"  # type: ignore[attr-defined]
-                                  for r in _rows(config)), timeout=60)
+                # Killed while it holds a page, once some page is done (so that "nothing done twice" is tested).
+                until(lambda: _held_by_2_and_some_done(config), timeout=60)
                 pid = int(re.findall(r"run-feeder-2 \(pid (\d+)\) ready", log.read_text())[0])
                 os.kill(pid, signal.SIGKILL)
                 assert proc.wait(timeout=120) == 1
