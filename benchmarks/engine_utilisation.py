@@ -382,17 +382,19 @@ def _window_sizes(log: str) -> list[int]:
     return [int(m.group(1)) for m in _WINDOW_LINE.finditer(log)]
 
 
-_PROCESS_WINDOW_LINE = re.compile(r"^\S+ \S+ \w+ (?:(run-feeder-\d+) )?paperlane\.models\.window: vllm window \d+ -> (\d+) ",
-                                  re.MULTILINE)
+_PROCESS_WINDOW_LINE = re.compile(r"^\S+ \S+ \w+ (?:(run-feeder-\d+) )?paperlane\.models\.window: vllm window \d+ -> "
+                                  r"(\d+) ", re.MULTILINE)
+_FEEDER_READY = re.compile(r"(run-feeder-\d+) \(pid \d+\) ready")
 
 
 def _window_sizes_by_process(log: str) -> dict[str, list[int]]:
     """The window after each change, by the process that logged it (a feeding process names itself on every line;
-    a one-process run does not)."""
-    sizes: dict[str, list[int]] = {}
+    a one-process run does not); every feeding process that started has its line, changed or not."""
+    feeders = sorted(set(_FEEDER_READY.findall(log)))
+    sizes: dict[str, list[int]] = {name: [] for name in feeders} or {"the run's process": []}
     for m in _PROCESS_WINDOW_LINE.finditer(log):
         sizes.setdefault(m.group(1) or "the run's process", []).append(int(m.group(2)))
-    return sizes or {"paperlane (no change logged)": []}
+    return {f"{name}{'' if got else ' (no change logged)'}": got for name, got in sizes.items()}
 
 
 def print_window(name: str, sizes: list[int], *, start: int = 32) -> None:
