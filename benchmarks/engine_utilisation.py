@@ -147,6 +147,11 @@ def main() -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a paperlane setting as in the environment without the prefix, e.g. ENGINE__MAX_IN_FLIGHT=32")
     p.add_argument("--embedded", action="store_true", help="measure `paperlane run` instead of a worker")
+    p.add_argument("--feeders", default=None, help="--embedded: feeding processes to compare side by side, e.g. "
+                   "1,2 (worker.feeders; each a run of its own against a fresh engine, in turn)")
+    p.add_argument("--main-code", type=Path, default=None, metavar="CHECKOUT", help="--embedded: also run another "
+                   "checkout's code (its .venv's python -m paperlane, e.g. /work/main) in turn with the others")
+    p.add_argument("--rounds", type=int, default=1, help="--embedded: times each run is repeated, alternating")
     p.add_argument("--log", help="keep the worker's (or the run's) log here")
     p.add_argument("--window-compare", action="store_true", help="the fixed window of 32 beside the adaptive one, "
                    "against two servers of --shape (default wide-slow) fed at once")
@@ -154,6 +159,8 @@ def main() -> int:
     args = p.parse_args()
     if args.window_compare:
         return compare_windows(args.shape if args.shape != ENGINE_SHAPE else "wide-slow", args.seconds)
+    if args.embedded:
+        return embedded_side_by_side(args)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         if args.fixed:  # every page alike: distinct bytes are enough
@@ -166,14 +173,66 @@ def main() -> int:
             sim = start_sim_engine(root / "sim", shape=args.shape, scheduling_policy="priority",
                                    max_model_len=MAX_MODEL_LEN)
         try:
-            window = run_embedded(args, root, pages, sim) if args.embedded else run_worker(args, root, pages, sim)
+            window = run_worker(args, root, pages, sim)
         finally:
             sim.stop()
             log = (root / "paperlane.log").read_text(errors="replace") if (root / "paperlane.log").exists() else ""
             if args.log:
                 Path(args.log).write_text(log)
-    report(window, sim, prefix="embedded_" if args.embedded else "")
+    report(window, sim, prefix="")
     print_window("paperlane", _window_sizes(log))
+    return 0
+
+
+def _start_sim(args: argparse.Namespace, root: Path) -> SimEngine:
+    if args.fixed:
+        return start_sim_engine(root / "sim", slots=args.slots, latency=args.latency, scheduling_policy="priority",
+                                max_model_len=MAX_MODEL_LEN)
+    return start_sim_engine(root / "sim", shape=args.shape, scheduling_policy="priority", max_model_len=MAX_MODEL_LEN)
+
+
+def _scan_pages(args: argparse.Namespace) -> Iterator[bytes]:
+    if args.fixed:  # every page alike: distinct bytes are enough
+        scans = [a4_scan(i) for i in range(8)]
+        return (with_comment(scans[i % 8], i) for i in range(args.pages))
+    return iter(list(stamped_scans(args.pages)))  # drawn before any clock starts
+
+
+def embedded_side_by_side(args: argparse.Namespace) -> int:
+    """``paperlane run`` once per --feeders value (and --main-code's code), in turn for --rounds, each against a fresh
+    engine of the same shape, on the same scans; each one's report, then a table of all."""
+    arms: list[tuple[str, list[str], dict[str, str]]] = []
+    if args.main_code is not None:
+        arms.append((f"code of {args.main_code}", [str(args.main_code / ".venv/bin/python"), "-m", "paperlane"], {}))
+    for n in (args.feeders.split(",") if args.feeders else []):
+        arms.append((f"feeders={n}", PAPERLANE, {"WORKER__FEEDERS": n.strip()}))
+    arms = arms or [("this code", PAPERLANE, {})]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "scans"
+        src.mkdir()
+        for i, data in enumerate(_scan_pages(args)):
+            (src / f"scan{i:05d}.jpg").write_bytes(data)
+        for r in range(args.rounds):
+            for k, (label, command, extra) in enumerate(arms):
+                root = Path(tmp) / f"r{r}-{k}"
+                root.mkdir()
+                print(f"\n=== {label}, round {r + 1} (load average {os.getloadavg()[0]:.2f}) ===")
+                sim = _start_sim(args, root)
+                try:
+                    window = run_embedded(args, root, src, sim, command, extra)
+                finally:
+                    sim.stop()
+                log = (root / "paperlane.log").read_text(errors="replace")
+                if args.log:
+                    Path(f"{args.log}.{r}-{k}").write_text(log)
+                rows.append((label, r + 1, report(window, sim, prefix="embedded_")))
+                for name, sizes in _window_sizes_by_process(log).items():
+                    print_window(name, sizes)
+    print(f"\n{'run':<28} round  pages/s  capacity used  cpu ms/page")
+    for label, r, (rate, used, cpu_ms) in rows:
+        print(f"{label:<28} {r:5d}  {rate:7.2f}  {used:13.3f}  {cpu_ms:11.1f}")
+    print(f"load average now: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 
 
@@ -212,18 +271,21 @@ def run_worker(args: argparse.Namespace, root: Path, pages: Iterator[bytes], sim
     return _window(len(ids), failed, start, end, sim)
 
 
-def run_embedded(args: argparse.Namespace, root: Path, pages: Iterator[bytes], sim: SimEngine) -> Window:
-    """Write the pages to a folder, ``paperlane run`` it; time from the first request to the last page written."""
-    src, out = root / "scans", root / "out"
-    src.mkdir()
-    for i, data in enumerate(pages):
-        (src / f"scan{i:05d}.jpg").write_bytes(data)
+def run_embedded(args: argparse.Namespace, root: Path, src: Path, sim: SimEngine, command: list[str],
+                 extra: dict[str, str]) -> Window:
+    """``command`` (``python -m paperlane``) ``-v run`` the folder ``src`` with the settings of --set and ``extra``;
+    time from the first request to the last page written."""
+    out = root / "out"
+    values = {"DATA_DIR": str(root / "data"), "WORKER__PREPROCESS_PROCESSES": str(args.processes),
+              **dict(kv.split("=", 1) for kv in args.set), **extra}
     config = root / "embedded.env"
-    config.write_text(f"PAPERLANE_DATA_DIR={root / 'data'}\nPAPERLANE_WORKER__PREPROCESS_PROCESSES={args.processes}\n")
+    config.write_text("".join(f"PAPERLANE_{k}={v}\n" for k, v in values.items()))
     t0 = time.time()
-    proc = subprocess.Popen([*PAPERLANE, "--config", str(config), "run", str(src), "--out", str(out), "--engine",
+    # -v: the window's changes are logged; the working folder is not a checkout, whose folders python -m would
+    # import before the installed package.
+    proc = subprocess.Popen([*command, "--config", str(config), "-v", "run", str(src), "--out", str(out), "--engine",
                              "vllm", "--engine-url", sim.url], stdout=(root / "paperlane.log").open("wb"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
+                            stderr=subprocess.STDOUT, start_new_session=True, cwd=root)
     try:
         while sim.stats(per_image=False)["first_start"] is None:  # a page took an engine slot
             if proc.poll() is not None:
@@ -276,7 +338,9 @@ def _window(pages: int, failed: int, start: Probe, end: Probe, sim: SimEngine) -
                   sim.stats(per_image=False), end.engine_cpu - start.engine_cpu, busy[0] / busy[1])
 
 
-def report(w: Window, sim: SimEngine, *, prefix: str) -> None:
+def report(w: Window, sim: SimEngine, *, prefix: str) -> tuple[float, float, float]:
+    """Print the run's figures; its pages/s, decode capacity used (pages/s over the engine's, fixed engine) and CPU
+    per page."""
     e = w.engine
     rate = w.pages / w.seconds
     engine = (f"{sim.shape.name}: {sim.slots} sequences, {sim.shape.decode_tokens_per_s:,.0f} tokens/s" if sim.shape
@@ -290,7 +354,7 @@ def report(w: Window, sim: SimEngine, *, prefix: str) -> None:
     print(f"cpu_ms_per_page={w.cpu_s * 1000 / w.pages:.1f}")
     if sim.shape is None:
         print(f"{prefix}engine_utilisation={rate / sim.rate:.3f}")
-        return
+        return rate, rate / sim.rate, w.cpu_s * 1000 / w.pages
     ceiling, first = e["decode_tokens_per_s"], e["first_start"]
     fed = e["decoded_at_last_arrival"] / (ceiling * (e["last_arrival"] - first))
     whole = e["decoded_tokens"] / (ceiling * (e["last_end"] - first))
@@ -298,6 +362,7 @@ def report(w: Window, sim: SimEngine, *, prefix: str) -> None:
           f"({e['last_arrival'] - first:.1f}s), {whole:.3f} to the last answer ({e['last_end'] - first:.1f}s, "
           f"the drain included); pages/s over the engine's nominal {rate / sim.rate:.3f}")
     print(f"{prefix}engine_utilisation={fed:.3f}")
+    return rate, fed, w.cpu_s * 1000 / w.pages
 
 
 def _print_stages(db: Database) -> None:
@@ -321,6 +386,21 @@ _WINDOW_LINE = re.compile(r"vllm window \d+ -> (\d+) ")
 def _window_sizes(log: str) -> list[int]:
     """The window after each change (none: it stayed at its start), from the log's ``vllm window A -> B`` lines (models/window.py)."""
     return [int(m.group(1)) for m in _WINDOW_LINE.finditer(log)]
+
+
+_PROCESS_WINDOW_LINE = re.compile(r"^\S+ \S+ \w+ (?:(run-feeder-\d+) )?paperlane\.models\.window: vllm window \d+ -> "
+                                  r"(\d+) ", re.MULTILINE)
+_FEEDER_READY = re.compile(r"(run-feeder-\d+) \(pid \d+\) ready")
+
+
+def _window_sizes_by_process(log: str) -> dict[str, list[int]]:
+    """The window after each change, by the process that logged it (a feeding process names itself on every line;
+    a one-process run does not); every feeding process that started has its line, changed or not."""
+    feeders = sorted(set(_FEEDER_READY.findall(log)))
+    sizes: dict[str, list[int]] = {name: [] for name in feeders} or {"the run's process": []}
+    for m in _PROCESS_WINDOW_LINE.finditer(log):
+        sizes.setdefault(m.group(1) or "the run's process", []).append(int(m.group(2)))
+    return {f"{name}{'' if got else ' (no change logged)'}": got for name, got in sizes.items()}
 
 
 def print_window(name: str, sizes: list[int], *, start: int = 32) -> None:

@@ -234,7 +234,10 @@ class WorkerSettings(BaseModel):
                                   "replaced, and the page fails")
     feeders: int | None = Field(None, ge=1, description="feeding processes `paperlane worker` runs, sharing one "
                                 "engine server (each a whole worker with its share of the CPUs); unset: one per 8 "
-                                "usable CPUs, 1 to 4 (workers.feeders)")
+                                "usable CPUs, 1 to 4 (workers.feeders). `paperlane run` follows it for an engine "
+                                "server (vllm) and keeps one for vllm-inprocess and transformers (each process would "
+                                "load the model again) and for rapid (each would load its own RapidOCR, and the CPU "
+                                "is the limit) (workers.run_feeders)")
     output_processes: int | None = Field(None, ge=0, description="processes that build finished documents' outputs "
                                          "(searchable PDF, markdown, JSON, XML), so the process feeding the engine "
                                          "does not; unset: 1, or 0 when preprocess_processes is 0; 0 builds them on "

@@ -136,3 +136,147 @@ def test_a_pool_runs_tasks_marked_first_before_those_waiting_in_turn() -> None:
         assert in_turn[0].result() < in_turn[1].result()  # each kind in the order submitted
     finally:
         pool.close()
+
+
+# --- paperlane run with several feeding processes (workers.run_feeders) ------------------------------------------
+
+RUN_POOLS = {"WORKER__PREPROCESS_PROCESSES": "1", "WORKER__URGENT_PROCESSES": "1"}
+
+
+def _run_config(stack_root: Path, **values: str) -> Path:
+    config = stack_root / "run.env"
+    config.write_text("".join(f"PAPERLANE_{k}={v}\n" for k, v in
+                              {"DATA_DIR": str(stack_root / "data"), **RUN_POOLS, **values}.items()))
+    return config
+
+
+def _scans(folder: Path, n: int) -> Path:
+    from tests.pages import tiny_page
+
+    folder.mkdir()
+    for i in range(n):
+        (folder / f"p{i:02d}.png").write_bytes(tiny_page(i))
+    return folder
+
+
+def _run_args(config: Path, src: Path, out: Path, url: str) -> list[str]:
+    from tests.conftest import PAPERLANE
+
+    return [*PAPERLANE, "--config", str(config), "-v", "run", str(src), "--out", str(out), "--engine", "vllm",
+            "--engine-url", url]
+
+
+def _rows(config: Path) -> list[object]:
+    from sqlalchemy import select
+
+    from paperlane.settings import load_settings
+    from paperlane.storage.db import Database
+    from paperlane.storage.tables import JobRow
+
+    db = Database(load_settings(config).database_url)
+    try:
+        with db.session() as s:
+            return list(s.scalars(select(JobRow)).all())
+    finally:
+        db.dispose()
+
+
+def _statuses(out: Path) -> list[str]:
+    return [json.loads(p.read_text())["status"] for p in sorted(out.glob("p*.json"))]
+
+
+def test_a_run_with_two_feeding_processes_answers_every_page_once(tmp_path: Path) -> None:
+    import subprocess
+
+    from tests.sim_engine import start_sim_engine
+
+    # Four slots each: neither feeding process can hold every page.
+    config = _run_config(tmp_path, WORKER__FEEDERS="2", WORKER__SLOTS="4")
+    src, out = _scans(tmp_path / "scans", 24), tmp_path / "out"
+    engine = start_sim_engine(tmp_path / "engine", slots=4, latency=0.3, scheduling_policy="priority")
+    try:
+        res = subprocess.run(_run_args(config, src, out, engine.url), capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+        stats = engine.stats()
+    finally:
+        engine.stop()
+    assert _statuses(out) == ["succeeded"] * 24
+    assert len(list(out.glob("p*.annotated.jpg"))) == 24  # written by the feeding processes
+    # Each page reached the server once and was answered once.
+    assert sorted(stats["per_image"].values()) == [1] * 24 and stats["completed"] == 24
+    workers = [row.worker for row in _rows(config)]  # type: ignore[attr-defined]
+    assert sorted(set(workers)) == ["run-feeder-1", "run-feeder-2"], workers  # both took pages
+    assert "24 succeeded, 0 failed" in res.stdout
+
+
+def _held_by_2_and_some_done(config: Path) -> bool:
+    rows = _rows(config)
+    return (any(r.worker == "run-feeder-2" and r.status == "running" for r in rows)  # type: ignore[attr-defined]
+            and any(r.status == "succeeded" for r in rows))  # type: ignore[attr-defined]
+
+
+def test_a_feeding_process_killed_mid_run_stops_the_run_and_the_next_run_loses_nothing(tmp_path: Path) -> None:
+    import re
+    import signal
+    import subprocess
+
+    from tests.conftest import until
+    from tests.sim_engine import start_sim_engine
+
+    n = 16
+    config = _run_config(tmp_path, WORKER__FEEDERS="2", WORKER__SLOTS="3")
+    src, log = _scans(tmp_path / "scans", n), tmp_path / "run.log"
+    engine = start_sim_engine(tmp_path / "engine", slots=2, latency=1.0, scheduling_policy="priority")
+    try:
+        with log.open("wb") as sink:
+            proc = subprocess.Popen(_run_args(config, src, tmp_path / "a", engine.url), stdout=sink,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                until(lambda: re.search(r"run-feeder-2 \(pid (\d+)\) ready", log.read_text()) is not None, timeout=120)
+                # Killed while it holds a page, once some page is done (so that "nothing done twice" is tested).
+                until(lambda: _held_by_2_and_some_done(config), timeout=60)
+                pid = int(re.findall(r"run-feeder-2 \(pid (\d+)\) ready", log.read_text())[0])
+                os.kill(pid, signal.SIGKILL)
+                assert proc.wait(timeout=120) == 1
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+        text = log.read_text()
+        assert re.search(r"feeding process run-feeder-2 \(pid \d+\) died \(killed by signal 9\) holding \d+ pages",
+                         text), text[-3000:]
+        rows = _rows(config)
+        assert "running" not in {r.status for r in rows}  # type: ignore[attr-defined]  # its pages queued again
+        done_first = sum(r.status == "succeeded" for r in rows)  # type: ignore[attr-defined]
+        assert 0 < done_first < n
+        until(lambda: engine.stats(per_image=False)["running"] == 0, timeout=30)
+        asked_first = sum(engine.stats()["per_image"].values())
+
+        res = subprocess.run(_run_args(config, src, tmp_path / "b", engine.url), capture_output=True, text=True,
+                             timeout=300)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+        assert _statuses(tmp_path / "b") == ["succeeded"] * n  # nothing lost
+        # Nothing done twice: the second run asked the engine exactly for the pages the first did not finish.
+        assert sum(engine.stats()["per_image"].values()) - asked_first == n - done_first
+        assert {r.attempts for r in _rows(config)} == {1}  # type: ignore[attr-defined]  # the lost try not counted
+    finally:
+        engine.stop()
+
+
+def test_paperlane_run_starts_feeders_for_an_engine_server_only(caplog: pytest.LogCaptureFixture) -> None:
+    from paperlane.settings import EngineKind, EngineSettings, Settings
+    from paperlane.workers.run_feeders import run_feeder_count
+
+    def settings(kind: EngineKind, feeders: int | None = None) -> Settings:
+        s = Settings()
+        engine = EngineSettings(kind=kind, url="http://127.0.0.1:1/v1", model="m")
+        return s.model_copy(update={"engine": engine, "worker": s.worker.model_copy(update={"feeders": feeders})})
+
+    # An engine server: the rule of paperlane worker (one per 8 usable CPUs, 1 to 4; worker.feeders says).
+    assert [run_feeder_count(settings(EngineKind.VLLM), cpus) for cpus in (2, 16, 64)] == [1, 2, 4]
+    assert run_feeder_count(settings(EngineKind.VLLM, 3), 2) == 3
+    # In the process (the model loaded again by each) or RapidOCR on the CPU: one, and a warning if more were asked.
+    for kind in (EngineKind.VLLM_INPROCESS, EngineKind.TRANSFORMERS, EngineKind.RAPID):
+        assert run_feeder_count(settings(kind), 64) == 1
+        caplog.clear()
+        assert run_feeder_count(settings(kind, 3), 64) == 1
+        assert f"paperlane run keeps one feeding process for engine {kind.value}" in caplog.text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -20,6 +21,8 @@ from paperlane.cli.root import (
     TaskOpt,
     app,
     command_settings,
+    configure_logging,
+    global_options,
     out,
     print_time_table,
     printable,
@@ -29,11 +32,12 @@ from paperlane.cli.root import (
 from paperlane.errors import UsageError
 from paperlane.formats.registry import names
 from paperlane.priority.lanes import Lane
-from paperlane.schemas import PageResult, Task
+from paperlane.schemas import Task
 from paperlane.status import JobStatus
 
 if TYPE_CHECKING:
     from paperlane.producer.input_items import Skipped
+    from paperlane.workers.embedded import Reported
 
 
 @app.command()
@@ -51,26 +55,35 @@ def run(
     """Process documents in this process (no Redis needed): per page a JSON and an annotated image,
     per document its outputs (by default its markdown, a searchable PDF and, several pages, its JSON)."""
     from paperlane.producer.inputs import check_paths, expand
-    from paperlane.workers.embedded import run_embedded
+    from paperlane.workers.embedded import RunHost, run_embedded
     from paperlane.workers.pipeline import Runtime
+    from paperlane.workers.run_feeders import RunFeeders, run_feeder_count
 
     settings = with_formats(command_settings(engine, engine_url, model, profile), formats)
     spec = task_spec(task, field, to)
     check_paths(paths)  # usage errors before the engine loads
     _check_out_dir(out_dir)
-    rt = Runtime.start(settings)
+    feeders = run_feeder_count(settings)
+    rt: Runtime | RunHost = RunHost.open(settings) if feeders > 1 else Runtime.start(settings)
+    feed = (RunFeeders.start(settings, feeders, out_dir, rt.db, setup=partial(configure_logging,
+                                                                              global_options.log_level))
+            if feeders > 1 else None)
     try:
         summary = run_embedded(rt, expand(paths, settings.ingest), out_dir=out_dir, spec=spec, lane=lane,
-                               force=force, name=_ingest_name(paths), sources=_sources(paths), on_page=_print_page,
-                               on_skipped=_print_skipped)
+                               force=force, name=_ingest_name(paths), sources=_sources(paths), feed=feed,
+                               on_page=_print_page, on_skipped=_print_skipped)
     finally:
+        if feed is not None:
+            feed.close()
         rt.close()
     ok = summary.pages - summary.failed
     skipped = f", {summary.skipped} files skipped" if summary.skipped else ""
     out.print(f"\n{summary.documents} documents, {summary.pages} pages: {ok} succeeded, {summary.failed} failed"
               f"{skipped} in {summary.seconds:.1f}s -> {out_dir}")
     print_time_table(summary.timings)
-    raise typer.Exit(1 if summary.failed else 0)
+    if summary.stopped:
+        out.print(f"[red]stopped[/] {printable(summary.stopped)}", highlight=False)
+    raise typer.Exit(1 if summary.failed or summary.stopped else 0)
 
 
 def _check_out_dir(out_dir: Path) -> None:
@@ -97,11 +110,11 @@ def _print_skipped(item: Skipped) -> None:
     out.print(f"[yellow]skipped[/] {printable(item.source)}  {printable(item.reason)}", highlight=False)
 
 
-def _print_page(name: str, result: PageResult) -> None:
+def _print_page(name: str, result: Reported) -> None:
     total = sum(v for k, v in result.timings.items() if k not in ("upload", "queue_wait"))
     if result.status is JobStatus.SUCCEEDED:
         flag = " (truncated)" if result.truncated else ""
-        out.print(f"[green]ok[/]     {printable(name)}  {len(result.lines)} lines, {len(result.text)} chars, "
+        out.print(f"[green]ok[/]     {printable(name)}  {result.lines} lines, {result.chars} chars, "
                   f"{total:.2f}s{flag}", highlight=False)
     else:
         out.print(f"[red]failed[/] {printable(name)}  {printable(result.error)}", highlight=False)

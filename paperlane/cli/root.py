@@ -56,9 +56,11 @@ def _main(
     configure_logging(global_options.log_level)
 
 
-def configure_logging(level: int) -> None:
+def configure_logging(level: int, process: str | None = None) -> None:
+    """Logging to stderr at ``level``; ``process``: a name every line carries (a feeding process's)."""
+    named = f"{process} " if process else ""
     logging.basicConfig(level=level, stream=sys.stderr, force=True,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+                        format=f"%(asctime)s %(levelname)s {named}%(name)s: %(message)s")
     for noisy in ("botocore", "boto3", "urllib3", "RapidOCR", "alembic", "httpx", "kombu", "celery.redirected"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
 
