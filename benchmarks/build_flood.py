@@ -227,8 +227,13 @@ def main() -> int:
                    "by side (an API each, one after the other)")
     p.add_argument("--gate-first", action="store_true", help="--compare: the gate at its defaults first")
     p.add_argument("--rounds", type=int, default=1, help="--compare: pairs of runs, the order swapped each round")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION__NAME=VALUE",
+                   help="a setting for the gated run instead of its default, e.g. API__TENANT_CONCURRENT_REQUESTS=1 "
+                        "(repeatable)")
     args = p.parse_args()
-    variants = [("gate wide open", WIDE_OPEN), ("gate at defaults", {})] if args.compare else [("defaults", {})]
+    gated = dict(item.split("=", 1) for item in args.set)
+    label = "gate at " + (", ".join(f"{k.lower()}={v}" for k, v in gated.items()) if gated else "defaults")
+    variants = [("gate wide open", WIDE_OPEN), (label, gated)] if args.compare else [(label, gated)]
     if args.gate_first:
         variants.reverse()
     runs: list[tuple[str, Run]] = []

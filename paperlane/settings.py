@@ -357,7 +357,7 @@ class ApiSettings(BaseModel):
     tenant_rate_per_minute: int = Field(1200, ge=1, description="requests per tenant, all its keys, in any 60 s")
     concurrent_requests: int = Field(16, ge=1, description="requests of /v1/ in progress at once in one API "
                                      "process (not event streams and uploads); the rest wait their tenant's turn")
-    tenant_concurrent_requests: int = Field(2, ge=1, description="requests of one tenant in progress at once in "
+    tenant_concurrent_requests: int = Field(1, ge=1, description="requests of one tenant in progress at once in "
                                             "one API process; its others wait in its queue, served in turn with "
                                             "other tenants'")
     tenant_queued_requests: int = Field(64, ge=0, description="requests of one tenant waiting for their turn in "

@@ -79,7 +79,7 @@ def _waiting(gate: Gate, key: NewKey) -> int:
 
 
 def test_a_tenant_past_its_turns_waits_while_another_is_served_at_once(stack_factory: Callable[..., Stack]) -> None:
-    asyncio.run(_fair(stack_factory(API__TENANT_QUEUED_REQUESTS="2")))
+    asyncio.run(_fair(stack_factory(API__TENANT_CONCURRENT_REQUESTS="2", API__TENANT_QUEUED_REQUESTS="2")))
 
 
 @dataclass
@@ -106,7 +106,7 @@ async def _crowd(stack: Stack) -> AsyncIterator[Crowd]:
 
 
 async def _fair(stack: Stack) -> None:
-    async with _crowd(stack) as crowd:  # acme's two turns: api.tenant_concurrent_requests
+    async with _crowd(stack) as crowd:  # acme's two turns: api.tenant_concurrent_requests=2
         api, gate, held, acme, globex = crowd.api, crowd.gate, crowd.held, crowd.acme, crowd.globex
         third = asyncio.create_task(api.get(f"/v1/documents/{UNKNOWN}", headers=_auth(acme)))
         await _until(lambda: _waiting(gate, acme) == 1, "acme's third request waiting")
@@ -133,7 +133,7 @@ async def _fair(stack: Stack) -> None:
 
 
 def test_streams_uploads_and_health_are_not_gated(stack_factory: Callable[..., Stack]) -> None:
-    asyncio.run(_not_gated(stack_factory(API__CONCURRENT_REQUESTS="2")))
+    asyncio.run(_not_gated(stack_factory(API__CONCURRENT_REQUESTS="2", API__TENANT_CONCURRENT_REQUESTS="2")))
 
 
 async def _not_gated(stack: Stack) -> None:
