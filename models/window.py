@@ -8,14 +8,19 @@ server's own gauges (vLLM's ``/metrics``, Prometheus text: ``vllm:num_requests_r
 
 - the server's queue over ``queue_target``: the window shrinks by this process's share of the excess (its
   requests over all the server's), so several processes sharing one server take the excess off together,
-  once, instead of each taking all of it; no second cut while requests of the last one are still out;
+  once, instead of each taking all of it; no second cut while requests of the last one are still out. A share
+  is rarely a whole request: it is rounded up with the probability of its fraction (1.3 is 2 three times in
+  ten), so over many readings each process sheds in proportion to its window. Rounded the same way for all
+  (up: one each), a process holding 80 and one holding 3 would shed alike and stay 80 and 3 for ever;
 - the queue empty (the server has sequences free) and this process held pages back (window-bound): the
   window grows by a quarter, so a server needing 80 answers where the window started at 32 is full in a few
   seconds; by a twentieth only while some of this process's requests are not at the server (on their way, or
   their answers still being read: a loaded client's lag, which a leap would turn into a long queue there once
   it catches up);
-- the queue short but not empty, and window-bound: one more (additive increase: several processes creep
-  up together and the cut above brings them back, without oscillating).
+- the queue short but not empty, and window-bound: one more, at the target too (additive increase, and the
+  proportional cut above: several processes sharing one server converge to equal windows, whatever windows
+  they started from, with the server's queue a few requests either side of the target; a queue held exactly
+  at the target would freeze whatever split the processes had).
 
 A process that is not window-bound (it has fewer pages than the window) never grows its window. The window
 stays within 1 and ``engine.max_in_flight``; interactive pages go past it at once (``PriorityLimiter``).
@@ -27,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,14 +76,18 @@ def parse_load(text: str) -> ServerLoad:
     return ServerLoad(running=round(totals[RUNNING]), waiting=round(totals[WAITING]))
 
 
-def next_window(window: int, *, load: ServerLoad, mine: int, bound: bool, target: int, cap: int) -> int:
+def next_window(window: int, *, load: ServerLoad, mine: int, bound: bool, target: int, cap: int,
+                chance: Callable[[], float] = random.random) -> int:
     """The window after one reading of the server's ``load``: ``mine`` of its requests are this process's,
-    ``bound`` says whether the window held pages back since the last reading (see the module's rules)."""
+    ``bound`` says whether the window held pages back since the last reading (see the module's rules);
+    ``chance`` draws in [0, 1) for rounding a cut."""
     if load.waiting > target:
         if mine > window:  # the last cut is still draining: cut again only on what it did
             return window
         share = min(1.0, mine / max(1, load.running + load.waiting))
-        return max(1, min(window, mine) - math.ceil((load.waiting - target) * share))
+        cut = (load.waiting - target) * share
+        whole = math.floor(cut)
+        return max(1, min(window, mine) - whole - (chance() < cut - whole))
     if not bound or window >= cap:
         return min(window, cap)
     if load.waiting == 0:
@@ -85,9 +95,7 @@ def next_window(window: int, *, load: ServerLoad, mine: int, bound: bool, target
         # read): the server's free sequences are partly that lag, so the window creeps instead of leaping.
         growth = _GROWTH if load.running + load.waiting >= mine else _CREEP
         return min(cap, window + max(1, math.ceil(window * growth)))
-    if load.waiting < target:
-        return min(cap, window + 1)
-    return window
+    return min(cap, window + 1)
 
 
 class WindowController:

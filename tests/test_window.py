@@ -8,6 +8,7 @@ without priority scheduling (it queues behind what waits there, so what waits mu
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -169,6 +170,25 @@ def test_several_processes_sharing_a_server_converge_without_oscillating() -> No
     settled = history[-20:]
     assert all(0 <= waiting <= TARGET + 4 for waiting in settled), history  # full, a short queue, no swings
     assert max(windows) - min(windows) <= 2, windows  # and shared about equally
+
+
+def test_processes_that_start_far_apart_end_with_equal_shares_of_the_server() -> None:
+    # One process cut down to 1 (it had few pages when the server's queue was long: its window followed its
+    # pages) beside one holding 60, then both with plenty of pages; and four processes, two of them at 1. A cut
+    # rounded up for everyone sheds one request from each alike, so the split they started with never moved.
+    for start in ([1, 60], [1, 1, 60, 60]):
+        draw = random.Random(7).random
+        windows, seqs, settled = list(start), 80, []
+        for reading in range(400):
+            total = sum(windows)
+            load = ServerLoad(running=min(total, seqs), waiting=max(0, total - seqs))
+            windows = [next_window(w, load=load, mine=w, bound=True, target=TARGET, cap=128, chance=draw)
+                       for w in windows]
+            if reading >= 300:
+                settled.append(load.waiting)
+        assert max(windows) - min(windows) <= 4, (start, windows)
+        assert sum(windows) >= seqs and all(0 < waiting <= TARGET + 2 * len(start) for waiting in settled), \
+            (start, settled)
 
 
 def test_the_metrics_parser_reads_vllm_text_and_refuses_text_without_the_gauges() -> None:
