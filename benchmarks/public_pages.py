@@ -5,7 +5,8 @@ with blocks (``layout_dets``): a category, a polygon, the block's text and its p
 (``order``; running heads, page numbers, footnotes and discarded areas have none). Its demo folder
 (``demo_data/omnidocbench_demo``: ``OmniDocBench_demo.json`` and ``images/``, 18 pages: books, papers,
 slides, newspapers, notes, textbooks; Chinese and English) is what ``benchmarks/reading_order.py`` reads;
-the full set (1,651 pages) has the same layout. Nothing here is committed: pass the folder.
+the full set (1,651 pages) has the same layout. Nothing here is committed: pass the folder. HRDoc's pages
+are read into the same structures by ``benchmarks/hrdoc_pages.py``.
 
 The truth of a page is the text of its ordered blocks of running text (titles, paragraphs, captions,
 footnotes of tables and figures) in their order; tables, figures, formulas, running heads and feet, page
@@ -13,12 +14,14 @@ numbers and discarded areas are left out, and so are the recognised lines whose 
 those areas (what a line there reads is not a reading-order question).
 
 The split into pages to develop on and pages only measured on is fixed by the page's name
-(:func:`half`), so it cannot drift towards whichever pages a method happens to do well on.
+(:func:`half`), so it cannot drift towards whichever pages a method happens to do well on. A page's
+``group`` is the row it is summed up in: its half here.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 from collections import Counter
 from collections.abc import Sequence
@@ -57,6 +60,19 @@ class PublicPage:
     source: str
     size: tuple[int, int]  # width, height: the image's (the JSON's page_info swaps them on some pages)
     blocks: tuple[TruthBlock, ...]
+    half: str  # "develop" or "measure"
+    group: str  # the row the page is summed up in
+    scale: int = 1  # the image is read this many times its size; sizes and boxes here are already scaled
+
+    def image_bytes(self) -> bytes:
+        """The page's image file, or a PNG of it :attr:`scale` times the size."""
+        if self.scale == 1:
+            return self.image.read_bytes()
+        with Image.open(self.image) as img:
+            big = img.convert("RGB").resize(self.size, Image.Resampling.BICUBIC)
+        out = io.BytesIO()
+        big.save(out, format="PNG")
+        return out.getvalue()
 
     @property
     def truth(self) -> list[TruthBlock]:
@@ -101,7 +117,7 @@ def load(root: Path) -> list[PublicPage]:
         name = Path(info["image_path"]).name
         image = root / "images" / name
         pages.append(PublicPage(name, image, attrs.get("language", ""), attrs.get("layout", ""),
-                                attrs.get("data_source", ""), _size(image, info), blocks))
+                                attrs.get("data_source", ""), _size(image, info), blocks, half(name), half(name)))
     return sorted(pages, key=lambda p: p.name)
 
 

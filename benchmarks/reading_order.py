@@ -1,13 +1,15 @@
 """Reading order: ordered CER beside the order-free CER, with paperlane's old row order and its block order.
 
     python benchmarks/reading_order.py [--corpus DIR] [--limit N] [--seeds N]
-    python benchmarks/reading_order.py --public DIR [--cache DIR] [--pages] [--half develop|measure|both]
+    python benchmarks/reading_order.py --public DIR [--public DIR] [--cache DIR] [--pages] [--half HALF]
 
-``--public``: pages nobody tuned for, from a public set with its reading order (OmniDocBench's layout
-annotations, ``benchmarks/public_pages.py`` says where to get them and what is scored). Its pages are split by
-name into a half to develop on and a half only measured on; both halves are printed, each with the ordered
-CER of ``text``, the same lines' best-order CER (each line placed by the true block it overlaps most), the
-order-free character and word F1, the region-order edit distance, and the ordering step's CPU ms per page.
+``--public``: pages nobody tuned for, from a public set with its reading order: OmniDocBench's layout
+annotations (``benchmarks/public_pages.py`` says where to get them and what is scored) or HRDoc's examples
+(``benchmarks/hrdoc_pages.py``), the folder's format told from its files. OmniDocBench's pages are split by
+name into a half to develop on and a half only measured on; HRDoc's are all measured on, a row per layout
+(two-column, single-column). Every row has the ordered CER of ``text``, the same lines' best-order CER
+(each line placed by the true block it overlaps most), the order-free character and word F1, the
+region-order edit distance, and the ordering step's CPU ms per page.
 
 The embedded engine (RapidOCR) reads each page once; its lines are then put in order two ways: the old
 order (rows top to bottom, left to right within a row, as paperlane did before blocks) and the new one
@@ -53,8 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", type=Path, default=None, help="default: env PAPERLANE_CORPUS, else ../shared/corpus")
     p.add_argument("--limit", type=int, default=None, help="at most N corpus pages per set")
     p.add_argument("--seeds", type=int, default=2, help="made pages per layout and script")
-    p.add_argument("--public", type=Path, default=None,
-                   help="an OmniDocBench folder (its JSON and images/): score those pages instead")
+    p.add_argument("--public", type=Path, action="append", default=None,
+                   help="an OmniDocBench folder (its JSON and images/) or an HRDoc one (<doc>.json beside <doc>/, "
+                        "or HRDS/ and HRDH/ holding them): score those pages instead; may be given again")
     p.add_argument("--cache", type=Path, default=None, help="keep the engine's lines of the public pages here")
     p.add_argument("--pages", action="store_true", help="print each public page's figures")
     p.add_argument("--half", choices=("develop", "measure", "both"), default="both",

@@ -1,15 +1,20 @@
-"""The public half of ``benchmarks/reading_order.py``: pages nobody tuned for (``--public DIR``)."""
+"""The public half of ``benchmarks/reading_order.py``: pages nobody tuned for (``--public DIR``).
+
+A folder is read as HRDoc's when ``hrdoc_pages.is_hrdoc`` says so (a ``<doc>.json`` beside a ``<doc>/``
+folder), else as OmniDocBench's; either loader gives the same pages and truth, scored the same way.
+"""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
 
-from benchmarks.public_pages import PublicPage, char_f1, half, load, region_order_distance, word_f1
+from benchmarks import hrdoc_pages, public_pages
+from benchmarks.public_pages import PublicPage, char_f1, region_order_distance, word_f1
 from paperlane.gutters import split_at_gutters
 from paperlane.layout import order_lines, quad_box
 from paperlane.models.engine import EngineOutput, EngineRequest
@@ -27,6 +32,7 @@ Order = Callable[[list[Line], list[Found], PublicPage], list[Line]]
 class Score:
     page: str
     half: str
+    group: str
     language: str
     cer: float
     best: float
@@ -38,12 +44,13 @@ class Score:
 
 def read_page(page: PublicPage, engine: RapidEngine, cache: Path | None) -> tuple[list[Line], list[Found]]:
     """The engine's lines and layout regions of a page in original pixels (from ``cache`` when it has them)."""
-    stored = cache / f"{page.name}.{engine.info.version}.page.json" if cache else None
+    key = page.name if page.scale == 1 else f"{page.name}@{page.scale}x"
+    stored = cache / f"{key}.{engine.info.version}.page.json" if cache else None
     if stored and stored.exists():
         data = json.loads(stored.read_text())
         return ([Line.model_validate(d) for d in data["lines"]],
                 [Found(k, tuple(b)) for k, b in data["regions"]])  # type: ignore[arg-type]
-    prepared = prepare_page(page.image.read_bytes(), engine.input_spec)
+    prepared = prepare_page(page.image_bytes(), engine.input_spec)
     t0 = time.process_time()
     [out] = engine.infer([EngineRequest(image=prepared.image, spec=TaskSpec())])
     engine_cpu = time.process_time() - t0
@@ -89,7 +96,7 @@ def score(page: PublicPage, lines: list[Line], regions: list[Found], order: Orde
     text = "\n".join(ln.text for ln in ordered)
     truth = page.text
     visits = [v for v in (page.block_of(quad_box(ln.quad or [])) for ln in ordered) if v is not None]
-    return Score(page.name, half(page.name), page.language, cer_nospace(text, truth),
+    return Score(page.name, page.half, page.group, page.language, cer_nospace(text, truth),
                  cer_nospace("\n".join(ln.text for ln in best_order(lines, page)), truth),
                  char_f1(text, truth), word_f1(text, truth), region_order_distance(visits, len(page.truth)), cpu)
 
@@ -105,10 +112,19 @@ def region_order(lines: list[Line], regions: list[Found], page: PublicPage) -> l
     return order_regions(lines, regions, page_size=page.size)[0]
 
 
-def run(root: Path, *, cache: Path | None, per_page: bool, halves: tuple[str, ...] = ("develop", "measure")) -> None:
+def load(root: Path) -> list[PublicPage]:
+    """The pages of a public folder, HRDoc's or OmniDocBench's."""
+    return hrdoc_pages.load(root) if hrdoc_pages.is_hrdoc(root) else public_pages.load(root)
+
+
+def run(roots: Sequence[Path], *, cache: Path | None, per_page: bool,
+        halves: tuple[str, ...] = ("develop", "measure")) -> None:
+    """Print each group's figures (OmniDocBench's halves, HRDoc's layouts) under both orders."""
     engine = RapidEngine(layout_model="auto")
     engine.start()
-    pages = [(page, *read_page(page, engine, cache)) for page in load(root) if half(page.name) in halves]
+    found = [page for root in roots for page in load(root) if page.half in halves]
+    pages = [(page, *read_page(page, engine, cache)) for page in found]
+    groups = [*halves, *sorted({page.group for page in found} - set(halves))]
     for name, order, split in (("geometry", geometry_order, False), ("regions", region_order, True)):
         scores = [score(page, lines, regions, order, split=split) for page, lines, regions in pages]
         print(f"== {name}: {order.__doc__.splitlines()[0]}")
@@ -117,8 +133,8 @@ def run(root: Path, *, cache: Path | None, per_page: bool, halves: tuple[str, ..
                 if s.half == "develop":
                     print(f"  {s.language[:7]:7} cer={s.cer:.3f} best={s.best:.3f} regions={s.regions:.3f} "
                           f"chars_f1={s.chars:.3f} {s.page[:60]}")
-        for half_name in halves:
-            summary(f"{name}-{half_name}", [s for s in scores if s.half == half_name])
+        for group in groups:
+            summary(f"{name}-{group}", [s for s in scores if s.group == group])
 
 
 def summary(name: str, scores: list[Score]) -> None:
