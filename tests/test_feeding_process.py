@@ -185,13 +185,15 @@ def _statuses(out: Path) -> list[str]:
     return [json.loads(p.read_text())["status"] for p in sorted(out.glob("p*.json"))]
 
 
-def test_a_run_with_two_feeding_processes_answers_every_page_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("slots", [4, 32])
+def test_a_run_with_two_feeding_processes_answers_every_page_once(tmp_path: Path, slots: int) -> None:
     import subprocess
 
     from tests.sim_engine import start_sim_engine
 
-    # Four slots each: neither feeding process can hold every page.
-    config = _run_config(tmp_path, WORKER__FEEDERS="2", WORKER__SLOTS="4")
+    # 4 slots each: neither feeding process can hold every page; 32: each could hold all 24, and still they share
+    # them (the first one ready does not take every page before the other is up).
+    config = _run_config(tmp_path, WORKER__FEEDERS="2", WORKER__SLOTS=str(slots))
     src, out = _scans(tmp_path / "scans", 24), tmp_path / "out"
     engine = start_sim_engine(tmp_path / "engine", slots=4, latency=0.3, scheduling_policy="priority")
     try:
@@ -206,6 +208,7 @@ def test_a_run_with_two_feeding_processes_answers_every_page_once(tmp_path: Path
     assert sorted(stats["per_image"].values()) == [1] * 24 and stats["completed"] == 24
     workers = [row.worker for row in _rows(config)]  # type: ignore[attr-defined]
     assert sorted(set(workers)) == ["run-feeder-1", "run-feeder-2"], workers  # both took pages
+    assert min(workers.count("run-feeder-1"), workers.count("run-feeder-2")) >= 8, workers  # about half each
     assert "24 succeeded, 0 failed" in res.stdout
 
 

@@ -128,7 +128,10 @@ class RunFeeders:
         return self._broken
 
     def free(self) -> bool:
-        return self._broken is None and any(self._room(f) > 0 for f in self.feeders)
+        """Room for a page, once every live feeding process is ready: the first one ready would otherwise take
+        every page its slots hold (hundreds) and leave the others none."""
+        live = [f for f in self.feeders if not f.dead]
+        return self._broken is None and all(f.slots > 0 for f in live) and any(self._room(f) > 0 for f in live)
 
     def hand(self, handout: Handout) -> None:
         feeder = max(self.feeders, key=self._room)  # the emptiest: pages spread evenly over the processes
