@@ -34,13 +34,13 @@ otherwise (a page that is one figure and its caption counts here).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from PIL import Image
 
 from benchmarks.public_pages import TEXT_KINDS, Box, PublicPage, TruthBlock
+from paperlane.layout import union_box
 
 SCALE = 3
 # HRDoc's classes as OmniDocBench's block kinds (public_pages.TEXT_KINDS are the ones in the truth).
@@ -121,7 +121,7 @@ def _blocks(lines: list[dict[str, Any]], number: int, scale: int) -> list[TruthB
             runs[-1].append(i)
         else:
             runs.append([i])
-    ordered = [TruthBlock(_kind(lines, run[0]), _union([_box(lines[i], scale) for i in run]), k,
+    ordered = [TruthBlock(_kind(lines, run[0]), union_box([_box(lines[i], scale) for i in run]), k,
                           "\n".join(lines[i]["text"] for i in run)) for k, run in enumerate(runs)]
     return ordered + left_out
 
@@ -145,7 +145,3 @@ def _two_columns(lines: list[dict[str, Any]], number: int, width: int) -> bool:
 def _box(line: dict[str, Any], scale: int) -> Box:
     x0, y0, x1, y1 = line["box"]
     return x0 * scale, y0 * scale, x1 * scale, y1 * scale
-
-
-def _union(boxes: Sequence[Box]) -> Box:
-    return (min(b[0] for b in boxes), min(b[1] for b in boxes), max(b[2] for b in boxes), max(b[3] for b in boxes))
