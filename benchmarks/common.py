@@ -163,12 +163,14 @@ class Producer:
 PAPERLANE = [sys.executable, "-m", "paperlane"]
 
 
-def start_worker(config: Path, log: Path, engine_url: str, *, timeout: float = 120) -> subprocess.Popen[bytes]:
+def start_worker(config: Path, log: Path, engine_url: str, *, timeout: float = 120,
+                 command: list[str] | None = None) -> subprocess.Popen[bytes]:
     """A real ``paperlane worker --engine vllm`` process, in a session of its own; returns once it is ready.
+    ``command``: how to start paperlane (default: this checkout's, ``PAPERLANE``).
 
     Its process group (pgid = its pid) is the worker and its CPU pool: what ``group_cpu_seconds`` reads.
     """
-    proc = subprocess.Popen([*PAPERLANE, "--config", str(config), "worker", "--engine", "vllm", "--engine-url",
+    proc = subprocess.Popen([*(command or PAPERLANE), "--config", str(config), "worker", "--engine", "vllm", "--engine-url",
                              engine_url], cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT,
                             start_new_session=True)
     deadline = time.monotonic() + timeout

@@ -132,6 +132,7 @@ class Window:
     engine: dict[str, Any]  # the sim server's stats at the end
     engine_cpu_s: float
     machine_busy: float  # share of all cores busy over the window
+    main_ms: float = 0.0  # the feeding process's CPU per page (a worker's main process)
 
 
 def main() -> int:
@@ -149,9 +150,9 @@ def main() -> int:
     p.add_argument("--embedded", action="store_true", help="measure `paperlane run` instead of a worker")
     p.add_argument("--feeders", default=None, help="--embedded: feeding processes to compare side by side, e.g. "
                    "1,2 (worker.feeders; each a run of its own against a fresh engine, in turn)")
-    p.add_argument("--main-code", type=Path, default=None, metavar="CHECKOUT", help="--embedded: also run another "
-                   "checkout's code (its .venv's python -m paperlane, e.g. /work/main) in turn with the others")
-    p.add_argument("--rounds", type=int, default=1, help="--embedded: times each run is repeated, alternating")
+    p.add_argument("--main-code", type=Path, default=None, metavar="CHECKOUT", help="also run another checkout's "
+                   "code (its .venv's python -m paperlane, e.g. /work/main) in turn with this one's (worker or run)")
+    p.add_argument("--rounds", type=int, default=1, help="times each run is repeated, alternating")
     p.add_argument("--log", help="keep the worker's (or the run's) log here")
     p.add_argument("--window-compare", action="store_true", help="the fixed window of 32 beside the adaptive one, "
                    "against two servers of --shape (default wide-slow) fed at once")
@@ -161,27 +162,7 @@ def main() -> int:
         return compare_windows(args.shape if args.shape != ENGINE_SHAPE else "wide-slow", args.seconds)
     if args.embedded:
         return embedded_side_by_side(args)
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        if args.fixed:  # every page alike: distinct bytes are enough
-            scans = [a4_scan(i) for i in range(8)]
-            pages: Iterator[bytes] = (with_comment(scans[i % 8], i) for i in range(args.pages))
-            sim = start_sim_engine(root / "sim", slots=args.slots, latency=args.latency, scheduling_policy="priority",
-                                   max_model_len=MAX_MODEL_LEN)
-        else:
-            pages = iter(list(stamped_scans(args.pages)))  # drawn before any clock starts
-            sim = start_sim_engine(root / "sim", shape=args.shape, scheduling_policy="priority",
-                                   max_model_len=MAX_MODEL_LEN)
-        try:
-            window = run_worker(args, root, pages, sim)
-        finally:
-            sim.stop()
-            log = (root / "paperlane.log").read_text(errors="replace") if (root / "paperlane.log").exists() else ""
-            if args.log:
-                Path(args.log).write_text(log)
-    report(window, sim, prefix="")
-    print_window("paperlane", _window_sizes(log))
-    return 0
+    return worker_side_by_side(args)
 
 
 def _start_sim(args: argparse.Namespace, root: Path) -> SimEngine:
@@ -236,8 +217,44 @@ def embedded_side_by_side(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_worker(args: argparse.Namespace, root: Path, pages: Iterator[bytes], sim: SimEngine) -> Window:
-    """Queue the pages, start a worker, time it from ready to the last page stored."""
+def worker_side_by_side(args: argparse.Namespace) -> int:
+    """``paperlane worker`` of this checkout and of --main-code's, in turn for --rounds, each against a fresh engine
+    and fresh services, on the same scans; each one's report, then a table of all with CPU per page by process."""
+    arms = [("this code", PAPERLANE)]
+    if args.main_code is not None:
+        arms.append((f"code of {args.main_code}", [str(args.main_code / ".venv/bin/python"), "-m", "paperlane"]))
+    scans = list(_scan_pages(args))
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for k, (label, command) in enumerate(arms):
+                root = Path(tmp) / f"r{r}-{k}"
+                root.mkdir()
+                print(f"\n=== worker, {label}, round {r + 1} (load average {os.getloadavg()[0]:.2f}) ===")
+                sim = _start_sim(args, root)
+                try:
+                    window = run_worker(args, root, iter(scans), sim, command=command)
+                finally:
+                    sim.stop()
+                log = (root / "paperlane.log").read_text(errors="replace")
+                if args.log:
+                    Path(args.log if len(arms) == 1 and args.rounds == 1 else f"{args.log}.{r}-{k}").write_text(log)
+                rate, used, group_ms = report(window, sim, prefix="")
+                rows.append((label, r + 1, rate, used, window.main_ms, group_ms))
+                print_window("paperlane", _window_sizes(log))
+    if len(rows) == 1:  # its report ends with its figure
+        return 0
+    print(f"\n{'worker':<28} round  pages/s  capacity used  main ms/page  group ms/page")
+    for label, r, rate, used, main_ms, group_ms in rows:
+        print(f"{label:<28} {r:5d}  {rate:7.2f}  {used:13.3f}  {main_ms:12.1f}  {group_ms:13.1f}")
+    print(f"load average now: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return 0
+
+
+def run_worker(args: argparse.Namespace, root: Path, pages: Iterator[bytes], sim: SimEngine, *,
+               command: list[str] | None = None) -> Window:
+    """Queue the pages, start a worker (``command``: another checkout's paperlane), time it from ready to the last
+    page stored."""
     svc = start_services(root)
     try:
         config = write_config(svc, root, WORKER__PREPROCESS_PROCESSES=str(args.processes),
@@ -251,7 +268,7 @@ def run_worker(args: argparse.Namespace, root: Path, pages: Iterator[bytes], sim
         ids = [s.job_id for s in submit_documents(inputs, db=db, store=open_store(settings), spec=TaskSpec(),
                                                   lane=Lane.BATCH, publisher=PagePublisher(make_celery(settings)))]
         print(f"queued {len(ids)} A4 scans in {time.perf_counter() - t0:.1f}s (untimed)")
-        worker = start_worker(config, root / "paperlane.log", sim.url)
+        worker = start_worker(config, root / "paperlane.log", sim.url, command=command)
         try:
             start = Probe.read(worker.pid, sim)
             while finished_jobs(db) < len(ids):
@@ -268,7 +285,9 @@ def run_worker(args: argparse.Namespace, root: Path, pages: Iterator[bytes], sim
     main_s = end.main - start.main
     total_s = sum(end.cpu.values()) - sum(start.cpu.values())
     _print_cpu_by_process("worker", main_s, total_s, len(ids))
-    return _window(len(ids), failed, start, end, sim)
+    window = _window(len(ids), failed, start, end, sim)
+    window.main_ms = main_s * 1000 / len(ids)
+    return window
 
 
 def run_embedded(args: argparse.Namespace, root: Path, src: Path, sim: SimEngine, command: list[str],

@@ -7,6 +7,7 @@ replaced, not added, and finishing a job that already finished changes nothing i
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -23,6 +24,20 @@ from paperlane.storage.tables import JobRow, ResultRow
 from paperlane.storage.usage import EngineWork
 
 STAGE_COLUMNS: dict[Stage, str] = {stage: f"{stage.value}_s" for stage in Stage}
+
+
+@dataclass(frozen=True)
+class LineStats:
+    """What the results index keeps of a page's lines: how many, and their mean confidence (None: none had one).
+    Taken where the lines are (a result built on a pool process), so the lines need not travel to the rows."""
+
+    count: int
+    mean_confidence: float | None
+
+    @classmethod
+    def of(cls, result: PageResult) -> LineStats:
+        confidences = [ln.confidence for ln in result.lines if ln.confidence is not None]
+        return cls(len(result.lines), sum(confidences) / len(confidences) if confidences else None)
 
 
 def requeue(db: Database, job_id: str, *, upload_s: float | None = None) -> None:
@@ -182,16 +197,18 @@ def finish_failed(db: Database, job_id: str, reason: str, stage: str | None,
 
 
 def finish_succeeded(db: Database, job: JobRow, result: PageResult, *, engine: str,
-                     result_key: str, annotated_key: str | None, timings: dict[str, float]) -> list[str]:
+                     result_key: str, annotated_key: str | None, timings: dict[str, float],
+                     lines: LineStats | None = None) -> list[str]:
     """Write the job's success, its results-index row and its tenant's usage in one transaction (the index row is
     inserted or, for a job done again, replaced in one statement; a job done again is not metered again). Returns
-    the documents whose last page this was."""
-    confidences = [ln.confidence for ln in result.lines if ln.confidence is not None]
+    the documents whose last page this was. ``lines``: the result's line figures, when ``result`` came without its
+    lines (taken from ``result.lines`` otherwise)."""
+    lines = lines or LineStats.of(result)
     now = utcnow()
     row = dict(
         job_id=job.id, content_sha256=job.content_sha256, task=result.task.value, engine=engine,
-        line_count=len(result.lines), mean_confidence=sum(confidences) / len(confidences) if confidences else None,
-        text=result.text, result_key=result_key, annotated_key=annotated_key, created_at=now)
+        line_count=lines.count, mean_confidence=lines.mean_confidence, text=result.text, result_key=result_key,
+        annotated_key=annotated_key, created_at=now)
     quality = result.quality
     review = bool(quality and quality.needs_review)
     params = {"job": job.id, "engine": engine, "result": result_key, "annotated": annotated_key,

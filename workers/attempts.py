@@ -7,8 +7,8 @@ The steps, in order, each in one place:
     hold         the worker's lease keeper renews the lease while the attempt runs (``workers.leases``)
     prepare      fetch and prepare on the CPU pool      \
     infer        the engine, in a micro-batch            | ``pipeline.process_page``: never raises, every
-    post-process boxes, reading order, clean-up          | failure becomes the page's failed outcome
-    store        the result's objects, then its rows    /  (``pipeline.store_result``)
+    post-process boxes, reading order, clean-up (pool)   | failure becomes the page's failed outcome
+    store        the objects (pool), then the rows      /  (``pipeline._finish``, ``workers.page_store``)
     settle       record the outcome by the retry policy (``settle``: done, retried, failed, handed back)
     outputs      the outputs of every document the attempt finished (``Outputs``: the worker's ``Writer``)
 
@@ -122,7 +122,8 @@ class AttemptRunner:
         if self.outputs is None:
             return
         done = attempt.decision.action is Action.DONE
-        stored = {attempt.outcome.job.id: attempt.outcome.result} if done else None
+        # A result that came back whole saves the writer reading it back; one without its lines is read back.
+        stored = {attempt.outcome.job.id: attempt.outcome.result} if done and attempt.outcome.whole else None
         for document_id in attempt.settled.outputs_due:
             self.outputs.write(document_id, known=stored)
 

@@ -44,7 +44,7 @@ from paperlane.storage.objects import ObjectStore, open_store
 from paperlane.workers.cpus import WORKER_OWN_CPUS, available_cpus, pool_processes
 from paperlane.workers.doccache import OpenDocuments, Source, Spool, read_whole, spooled_kind
 from paperlane.workers.input_limits import Limits
-from paperlane.workers.page_store import Stored, store_objects
+from paperlane.workers.page_store import Finish, Finished, Stored, finish_objects
 from paperlane.workers.preprocess import PreparedPage, prepare_page
 
 log = logging.getLogger(__name__)
@@ -124,11 +124,12 @@ def _prepare_key(key: str, page_number: int, spec: InputSpec, limits: Limits, pr
                         traceback.format_exc())
 
 
-def _store_in_process(result: PageResult, preview: np.ndarray | None, fmt: ImageFormat, timings: dict[str, float],
-                      image_back: bool) -> Stored:
-    """``page_store.store_objects`` with this pool process's store client."""
+def _finish_in_process(finish: Finish, preview: np.ndarray | None, fmt: ImageFormat, timings: dict[str, float],
+                       image_back: bool, result_back: bool) -> Finished:
+    """``page_store.finish_objects`` with this pool process's store client."""
     assert _store is not None, "pool process not initialised"
-    return store_objects(_store, result, preview, fmt=fmt, timings=timings, image_back=image_back)
+    return finish_objects(_store, finish, preview, fmt=fmt, timings=timings, image_back=image_back,
+                          result_back=result_back)
 
 
 def _over_memory() -> OverLimit:
@@ -155,6 +156,10 @@ def _prepare_failure(settings: Settings, exc: TaskFailed, seconds: float) -> Pre
 
 def _stored_failure(settings: Settings, exc: TaskFailed, seconds: float) -> Stored:
     return Stored(None, seconds=seconds, error=_failed_in_process(exc, settings, verb="store", stage="store"))
+
+
+def _finished_failure(settings: Settings, exc: TaskFailed, seconds: float) -> Finished:
+    return Finished(_stored_failure(settings, exc, seconds))
 
 
 class CpuPool:
@@ -225,21 +230,22 @@ class CpuPool:
             future.add_done_callback(lambda _: spool.release(key))
         return future
 
-    def store(self, result: PageResult, preview: np.ndarray | None, *, timings: dict[str, float],
-              urgent: bool = False, image_back: bool = False) -> Future[Stored]:
-        """Store a page's objects (``page_store.store_objects``: its annotated image drawn on ``preview``, its
-        JSON) on the pool, or the processes for interactive pages when ``urgent``, so the process feeding the
-        engine neither draws nor serialises. The future's result is a ``Stored``, whatever happened (a page
-        whose process died: an OverLimit); it fails only when the pool is closed under it (cancelled)."""
+    def finish(self, finish: Finish, preview: np.ndarray | None, *, timings: dict[str, float], urgent: bool = False,
+               image_back: bool = False, result_back: bool = False) -> Future[Finished]:
+        """Build a page's result from the engine's output and store its objects (``page_store.finish_objects``)
+        on the pool, or the processes for interactive pages when ``urgent``: the process feeding the engine
+        neither post-processes, draws nor serialises. The future's result is a ``Finished``, whatever happened
+        (a page whose process died: an OverLimit); it fails only when the pool is closed under it (cancelled)."""
         fmt = self._settings.worker.annotated_format
         if self._threads is not None:
-            return self._threads[1 if urgent else 0].submit(store_objects, self._store, result, preview, fmt=fmt,
-                                                            timings=timings, image_back=image_back)
+            return self._threads[1 if urgent else 0].submit(finish_objects, self._store, finish, preview, fmt=fmt,
+                                                            timings=timings, image_back=image_back,
+                                                            result_back=result_back)
         bounded = self._urgent if urgent else self._pool
         assert bounded is not None
-        # First: a page stored frees its slot, and its objects wait behind no page still to be prepared.
-        return _mapped(bounded.submit(_store_in_process, result, preview, fmt, timings, image_back, first=True),
-                       partial(_stored_failure, self._settings), time.perf_counter())
+        # First: a page finished frees its slot, and its objects wait behind no page still to be prepared.
+        return _mapped(bounded.submit(_finish_in_process, finish, preview, fmt, timings, image_back, result_back,
+                                      first=True), partial(_finished_failure, self._settings), time.perf_counter())
 
     @property
     def replaced(self) -> int:

@@ -4,7 +4,8 @@ The same code serves the Celery worker and the embedded ``paperlane run``: each 
 ``process_page`` on its own task slot; the CPU pool prepares it while earlier pages are in the engine, and the
 ``MicroBatcher`` gathers the slots' prepared pages into batches. This function is the middle of ONE attempt
 (``workers.attempts.AttemptRunner`` claims the page before it and settles it after): it writes a success
-(``store_result``: objects, then rows) and returns every outcome; what follows it is the retry policy's to say.
+(``_finish``: the result built and its objects stored on the CPU pool, then its rows) and returns every outcome;
+what follows it is the retry policy's to say.
 Whatever happens to a page, in the pool, the engine, post-processing or storing, becomes its failed outcome, and
 the batcher's count of pages on their way is balanced on every path.
 """
@@ -30,7 +31,8 @@ from paperlane.workers.answers import EngineAnswers
 from paperlane.workers.batcher import MicroBatcher
 from paperlane.workers.cpu_pool import CpuPool, Prepared
 from paperlane.workers.outputs_pool import OutputsPool, writer_of
-from paperlane.workers.postprocess import build_result
+from paperlane.workers.page_store import Finish
+from paperlane.workers.postprocess import count_grade
 from paperlane.workers.preprocess import PreparedPage
 
 log = logging.getLogger(__name__)
@@ -55,14 +57,15 @@ class Runtime:
     batch_slots: int  # of which batch pages may hold at most this many: the rest wait for interactive ones
     answers: EngineAnswers | None = None  # workers keep engine answers in Redis; `paperlane run` does not
     images_back: bool = True  # annotated images come back to this process (``paperlane run`` writes them out)
+    results_back: bool = True  # results come back whole, lines and blocks too (``paperlane run`` writes them out)
 
     @classmethod
     def start(cls, settings: Settings, *, engine: Engine | None = None,
-              answers: EngineAnswers | None = None, images_back: bool = True) -> Runtime:
+              answers: EngineAnswers | None = None, images_back: bool = True, results_back: bool = True) -> Runtime:
         """Open the database (migrated), the store and the CPU pool, and load ``engine`` (default: the one the
         settings name); ``answers``: where engine answers are kept for a retried page (workers only);
-        ``images_back``: annotated images come back in each outcome (``paperlane run`` writes them out; a worker
-        does not need them)."""
+        ``images_back``: annotated images come back in each outcome, ``results_back``: results come back whole
+        (``paperlane run`` writes both out; a worker needs neither: its results are stored)."""
         db = Database(settings.database_url, pool_size=settings.database.pool_size, echo=settings.database.echo)
         db.upgrade()
         store = open_store(settings)
@@ -77,7 +80,7 @@ class Runtime:
                  cap.batches_in_flight, plan.total)
         return cls(settings=settings, db=db, store=store, engine=engine, pool=CpuPool(settings, store=store),
                    batcher=batcher, outputs=OutputsPool(settings, writer_of(settings, db, store)), slots=plan.total,
-                   batch_slots=plan.batch, answers=answers, images_back=images_back)
+                   batch_slots=plan.batch, answers=answers, images_back=images_back, results_back=results_back)
 
     def close(self) -> None:
         stats = self.batcher.stats
@@ -116,6 +119,9 @@ class PageOutcome:
     error: Exception | None = None
     timings: dict[str, float] = field(default_factory=dict)
     annotated: bytes | None = None  # the annotated image as stored (worker.annotated_format), on success
+    # On success, whether ``result`` is whole: without ``Runtime.results_back`` its lines and blocks stay in the
+    # stored JSON (rows and metering need only the rest).
+    whole: bool = True
     outputs_due: list[str] = field(default_factory=list)  # documents whose outputs its success made due
 
     @property
@@ -205,37 +211,41 @@ def _finish_or_fail(rt: Runtime, job: JobRow, spec: TaskSpec, page: PreparedPage
 
 def _finish(rt: Runtime, job: JobRow, spec: TaskSpec, page: PreparedPage, output: EngineOutput,
             timings: dict[str, float]) -> PageOutcome:
+    """The page's result built and its objects stored on the CPU pool (``page_store.finish_objects``), then its
+    rows here (objects first: a row never points at an object that is not there). Raises what building the result,
+    storing the objects, the store or the database raise."""
     t0 = time.perf_counter()
-    result = build_result(job_id=job.id, source=job.source, page=job.page, spec=spec, output=output,
-                          image=page.image, size=(page.width, page.height), engine=rt.engine.info,
-                          layout=rt.settings.layout)
-    timings[Stage.POSTPROCESS.value] = time.perf_counter() - t0
-    return store_result(rt, job, result, page, timings)
-
-
-def store_result(rt: Runtime, job: JobRow, result: PageResult, page: PreparedPage,
-                 timings: dict[str, float]) -> PageOutcome:
-    """The store step of an attempt: the page's objects (its annotated image drawn and stored, its result's JSON
-    stored) on the CPU pool (``page_store``), then its rows here (objects first: a row never points at an object
-    that is not there). Raises what storing the objects, the store or the database raise."""
-    t1 = time.perf_counter()
     urgent = job.lane == Lane.INTERACTIVE.value
+    finish = Finish(job_id=job.id, source=job.source, page=job.page, spec=spec, output=output,
+                    image=Finish.geometry(page.image), size=(page.width, page.height), engine=rt.engine.info,
+                    layout=rt.settings.layout)
     try:
-        stored = rt.pool.store(result, page.preview, timings=dict(timings), urgent=urgent,
-                               image_back=rt.images_back).result()
+        done = rt.pool.finish(finish, page.preview, timings=dict(timings), urgent=urgent, image_back=rt.images_back,
+                              result_back=rt.results_back).result()
     except CancelledError:  # the pool was shut down under the page: the worker is stopping
         raise WorkerStopping("the worker stopped before this page was stored", stage=Stage.STORE.value) from None
+    stored, result = done.stored, done.result
     if stored.traceback:
-        log.error("job %s: unexpected error while storing\n%s", job.id, stored.traceback.rstrip())
-    if stored.error is not None or stored.json_key is None:
-        raise stored.error or PaperlaneError(INTERNAL_REASON, stage=Stage.STORE.value)
+        log.error("job %s: unexpected error while building or storing its result\n%s", job.id,
+                  stored.traceback.rstrip())
+    error = stored.error
+    if error is None and (stored.json_key is None or result is None):
+        error = PaperlaneError(INTERNAL_REASON, stage=Stage.STORE.value)
+    if error is None or error.stage != Stage.POSTPROCESS.value:  # the result was built
+        timings[Stage.POSTPROCESS.value] = done.seconds
+    if error is not None:
+        raise error
+    assert result is not None and stored.json_key is not None
     # The JSON's store time covers rendering and the image upload; the row gets the full time, the trip included.
     result.timings = {**timings, Stage.STORE.value: stored.seconds}
-    timings[Stage.STORE.value] = time.perf_counter() - t1
+    timings[Stage.STORE.value] = time.perf_counter() - t0 - done.seconds
+    if result.quality is not None:
+        count_grade(result.quality)
     finished = jobstore.finish_succeeded(rt.db, job, result, engine=_engine_name(result.engine or rt.engine.info),
                                          result_key=stored.json_key, annotated_key=stored.annotated_key,
-                                         timings=timings)
-    return PageOutcome(job=job, result=result, timings=timings, annotated=stored.image, outputs_due=finished)
+                                         timings=timings, lines=done.lines)
+    return PageOutcome(job=job, result=result, timings=timings, annotated=stored.image, outputs_due=finished,
+                       whole=rt.results_back)
 
 
 def _classified(job: JobRow, exc: Exception, stage: str) -> PaperlaneError:

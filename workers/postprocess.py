@@ -61,7 +61,7 @@ def build_result(*, job_id: str, source: str, page: int, spec: TaskSpec, output:
     each with its words; ``text`` (and, for ``parse``, the markdown, a paragraph a block) follows that
     order when the engine's text was its lines. ``engine`` is the worker's, unless another one read the
     page (a fallback); the quality is the engine's grade (an output without one is graded on what it
-    shows), counted in the ``paperlane_page_flags`` and ``paperlane_pages_graded`` metrics.
+    shows; the process that records the page counts it: ``count_grade``).
     """
     lines = split_at_gutters(with_words(to_original(output.lines, image, size)), settings=layout)
     if output.regions:
@@ -78,7 +78,6 @@ def build_result(*, job_id: str, source: str, page: int, spec: TaskSpec, output:
     quality = output.quality or grade(output, confidence=None, min_confidence=0.0)
     if from_lines and _vertical(lines):
         quality = Quality.grade({*quality.flags, QualityFlag.VERTICAL_TEXT}, quality.confidence)
-    _count(quality)
     return PageResult(
         job_id=job_id, source=source, page=page, status=JobStatus.SUCCEEDED, task=spec.task,
         text=text, lines=lines, blocks=blocks, markdown=markdown, fields=output.fields,
@@ -125,7 +124,8 @@ def _markdown(kind: BlockKind, texts: list[str]) -> str:
     return "\n".join(texts)
 
 
-def _count(quality: Quality) -> None:
+def count_grade(quality: Quality) -> None:
+    """Count a page's grade in the ``paperlane_page_flags`` and ``paperlane_pages_graded`` metrics."""
     for flag in quality.flags:
         PAGE_FLAGS.labels(flag.value).inc()
     PAGES_GRADED.labels(str(quality.needs_review).lower()).inc()
