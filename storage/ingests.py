@@ -20,6 +20,7 @@ final (and takes them again when they stop being final).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import uuid
 from collections import Counter
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Table, case, func, select, true, update
+from sqlalchemy import Table, bindparam, case, func, select, true, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -122,8 +123,9 @@ def discard_ingest(db: Database, ingest_id: str) -> bool:
 _FINISHED = (_INGESTS.c.id, _INGESTS.c.finished_at, _INGESTS.c.tenant_id, _INGESTS.c.callback_url)
 
 
-def _finished_at(final_after: Any, now: datetime, *, registering: bool = False) -> Any:
-    """finished_at once the ingest's final pages are ``final_after`` (an expression over its old values)."""
+def _finished_at(final_after: Any, now: Any, *, registering: bool = False) -> Any:
+    """finished_at once the ingest's final pages are ``final_after`` (an expression over its old values); ``now``:
+    a datetime, or the parameter that binds it."""
     i = _INGESTS.c
     done = final_after >= i.pages_total
     if not registering:
@@ -308,50 +310,74 @@ def rollup(s: Session, job_id: str, *, succeeded: int, failed: int, now: datetim
     (succeeded, failed, needing review), each -1, 0 or +1; ``reason``: the job's failure (the new one, or the one it
     leaves); ``work``: the engine work of its move into a final state. Returns the documents whose outputs this made
     due: those whose last page just became final, and finished ones whose pages changed."""
-    per_doc = (select(_PAGES.c.document_id, func.count().label("n")).where(_PAGES.c.job_id == job_id)
-               .group_by(_PAGES.c.document_id).subquery())
-    d = _DOCUMENTS.c
-    # SQLite's RETURNING sees only the updated table: a document that finishes now is one whose
-    # finished_at becomes exactly ``now`` (one finished before keeps its time).
-    done_after = d.pages_succeeded + d.pages_failed + (succeeded + failed) * per_doc.c.n >= d.pages_total
-    finished = s.execute(
-        update(_DOCUMENTS).where(d.id == per_doc.c.document_id)
-        .values(pages_succeeded=d.pages_succeeded + succeeded * per_doc.c.n,
-                pages_failed=d.pages_failed + failed * per_doc.c.n,
-                pages_review=d.pages_review + review * per_doc.c.n,
-                finished_at=case((done_after, func.coalesce(d.finished_at, now)), else_=None),
-                **outputs_due(done_after))
-        .returning(d.id, d.outputs)).all()
-    per_ingest = (select(_PAGES.c.ingest_id, func.count().label("n")).where(_PAGES.c.job_id == job_id)
-                  .group_by(_PAGES.c.ingest_id).subquery())
-    i = _INGESTS.c
-    values: dict[str, Any] = dict(pages_succeeded=i.pages_succeeded + succeeded * per_ingest.c.n,
-                                  pages_failed=i.pages_failed + failed * per_ingest.c.n,
-                                  pages_review=i.pages_review + review * per_ingest.c.n)
-    if succeeded + failed > 0:
-        values.update(first_done_at=func.coalesce(i.first_done_at, now), last_done_at=now)
-    values["finished_at"] = _finished_at(i.pages_succeeded + i.pages_failed + (succeeded + failed) * per_ingest.c.n,
-                                         now)
-    _finished(s, s.execute(update(_INGESTS).where(i.id == per_ingest.c.ingest_id).values(**values)
-                           .returning(*_FINISHED)), now)
+    # Every page's finish runs this: its statements are built once for each move (``_Rollup``), and SQLAlchemy
+    # keeps their compiled forms, so a page pays for executing them, not for building them again.
+    st, params = _Rollup.of(succeeded, failed, review), {"job": job_id, "now": now}
+    finished = s.execute(st.documents, params).all()
+    _finished(s, s.execute(st.ingests, params), now)
     if failed:
-        for ingest_id, n in s.execute(select(per_ingest.c.ingest_id, per_ingest.c.n)):
+        for ingest_id, n in s.execute(st.per_ingest_rows, params):
             _add_failures(s, ingest_id, reason or "unknown", failed * n)
-    if succeeded + failed:
-        _release(s, job_id, succeeded + failed)
-    usage.count(s, per_ingest, succeeded=succeeded, failed=failed, now=now, work=work)
+    if st.release is not None:
+        s.execute(st.release, params)
+    usage.count(s, st.tenant_pages, params, succeeded=succeeded, failed=failed, now=now, work=work)
     return [doc_id for doc_id, outputs in finished if outputs == OutputsState.PENDING.value]
 
 
-def _release(s: Session, job_id: str, final: int) -> None:
-    """Pages of ``job_id`` leave (``final`` 1) or rejoin (-1) their tenants' pages in flight."""
+@dataclass(frozen=True)
+class _Rollup:
+    """``rollup``'s statements for one move (succeeded, failed, review), bound to the job (``job``) and the time
+    (``now``) when executed."""
+
+    documents: Any
+    ingests: Any
+    per_ingest_rows: Any  # (ingest_id, its pages of the job)
+    tenant_pages: Any  # (tenant_id, its pages of the job): ``usage.count``
+    release: Any | None  # the job's pages leave (or rejoin) their tenants' pages in flight
+
+    @staticmethod
+    @functools.cache
+    def of(succeeded: int, failed: int, review: int) -> _Rollup:
+        job = bindparam("job", type_=_PAGES.c.job_id.type)
+        d, i = _DOCUMENTS.c, _INGESTS.c
+        per_doc = (select(_PAGES.c.document_id, func.count().label("n")).where(_PAGES.c.job_id == job)
+                   .group_by(_PAGES.c.document_id).subquery())
+        now = bindparam("now", type_=d.finished_at.type)
+        # SQLite's RETURNING sees only the updated table: a document that finishes now is one whose
+        # finished_at becomes exactly ``now`` (one finished before keeps its time).
+        done_after = d.pages_succeeded + d.pages_failed + (succeeded + failed) * per_doc.c.n >= d.pages_total
+        documents = (update(_DOCUMENTS).where(d.id == per_doc.c.document_id)
+                     .values(pages_succeeded=d.pages_succeeded + succeeded * per_doc.c.n,
+                             pages_failed=d.pages_failed + failed * per_doc.c.n,
+                             pages_review=d.pages_review + review * per_doc.c.n,
+                             finished_at=case((done_after, func.coalesce(d.finished_at, now)), else_=None),
+                             **outputs_due(done_after))
+                     .returning(d.id, d.outputs))
+        per_ingest = (select(_PAGES.c.ingest_id, func.count().label("n")).where(_PAGES.c.job_id == job)
+                      .group_by(_PAGES.c.ingest_id).subquery())
+        now = bindparam("now", type_=i.finished_at.type)
+        values: dict[str, Any] = dict(pages_succeeded=i.pages_succeeded + succeeded * per_ingest.c.n,
+                                      pages_failed=i.pages_failed + failed * per_ingest.c.n,
+                                      pages_review=i.pages_review + review * per_ingest.c.n)
+        if succeeded + failed > 0:
+            values.update(first_done_at=func.coalesce(i.first_done_at, now), last_done_at=now)
+        values["finished_at"] = _finished_at(i.pages_succeeded + i.pages_failed
+                                             + (succeeded + failed) * per_ingest.c.n, now)
+        ingests = update(_INGESTS).where(i.id == per_ingest.c.ingest_id).values(**values).returning(*_FINISHED)
+        return _Rollup(documents, ingests, select(per_ingest.c.ingest_id, per_ingest.c.n),
+                       usage.tenant_pages(per_ingest),
+                       _release(job, succeeded + failed) if succeeded + failed else None)
+
+
+def _release(job: Any, final: int) -> Any:
+    """Pages of the job ``job`` leave (``final`` 1) or rejoin (-1) their tenants' pages in flight."""
     per_tenant = (select(_INGESTS.c.tenant_id, func.count().label("n"))
                   .select_from(_PAGES.join(_INGESTS, _INGESTS.c.id == _PAGES.c.ingest_id))
-                  .where(_PAGES.c.job_id == job_id, _INGESTS.c.tenant_id.is_not(None))
+                  .where(_PAGES.c.job_id == job, _INGESTS.c.tenant_id.is_not(None))
                   .group_by(_INGESTS.c.tenant_id).subquery())
     t = _TENANTS.c
-    s.execute(update(_TENANTS).where(t.id == per_tenant.c.tenant_id)
-              .values(pages_in_flight=t.pages_in_flight - final * per_tenant.c.n))
+    return (update(_TENANTS).where(t.id == per_tenant.c.tenant_id)
+            .values(pages_in_flight=t.pages_in_flight - final * per_tenant.c.n))
 
 
 def next_seq(db: Database, ingest_id: str) -> int:

@@ -13,11 +13,12 @@ so (``quality.needs_review``). The command line's ingests count under tenant ``"
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any
 
-from sqlalchemy import Table, func, select
+from sqlalchemy import Table, bindparam, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -49,21 +50,25 @@ class EngineWork:
                    review=getattr(quality, "needs_review", None) is True)
 
 
-def count(s: Session, per_ingest: Any, *, succeeded: int, failed: int, now: datetime,
-          work: EngineWork | None = None) -> None:
-    """Add a job's pages to their tenants' day: ``per_ingest`` selects (ingest_id, n) for its pages; ``succeeded``
-    and ``failed`` move each page (-1, 0, +1), ``work`` the engine work of the move into a final state (counted for
-    the job once, with its first tenant)."""
+def tenant_pages(per_ingest: Any) -> Any:
+    """(tenant, pages) of a job's pages: ``per_ingest`` selects (ingest_id, n) for them; for ``count``."""
     i = IngestRow.__table__.c
-    rows = s.execute(select(func.coalesce(i.tenant_id, NO_TENANT), func.sum(per_ingest.c.n))
-                     .select_from(per_ingest.join(IngestRow.__table__, i.id == per_ingest.c.ingest_id))
-                     .group_by(func.coalesce(i.tenant_id, NO_TENANT)).order_by(func.coalesce(i.tenant_id, NO_TENANT))
-                     ).all()
-    for k, (tenant_id, n) in enumerate(rows):
-        pages = int(n or 0)
-        counts: dict[str, float] = {"pages_succeeded": succeeded * pages, "pages_failed": failed * pages}
+    tenant = func.coalesce(i.tenant_id, NO_TENANT)
+    return (select(tenant, func.sum(per_ingest.c.n))
+            .select_from(per_ingest.join(IngestRow.__table__, i.id == per_ingest.c.ingest_id))
+            .group_by(tenant).order_by(tenant))
+
+
+def count(s: Session, pages: Any, params: dict[str, Any], *, succeeded: int, failed: int, now: datetime,
+          work: EngineWork | None = None) -> None:
+    """Add a job's pages to their tenants' day: ``pages`` (``tenant_pages``, executed with ``params``) selects
+    (tenant, n) for its pages; ``succeeded`` and ``failed`` move each page (-1, 0, +1), ``work`` the engine work of
+    the move into a final state (counted for the job once, with its first tenant)."""
+    for k, (tenant_id, n) in enumerate(s.execute(pages, params).all()):
+        pages_n = int(n or 0)
+        counts: dict[str, float] = {"pages_succeeded": succeeded * pages_n, "pages_failed": failed * pages_n}
         if work is not None:
-            counts["pages_review"] = pages if work.review and succeeded > 0 else 0
+            counts["pages_review"] = pages_n if work.review and succeeded > 0 else 0
             if k == 0:
                 counts.update(prompt_tokens=work.prompt_tokens, completion_tokens=work.completion_tokens,
                               engine_seconds=work.seconds)
@@ -75,11 +80,19 @@ def add(s: Session, tenant_id: str | None, now: datetime, **counts: float) -> No
     if not any(counts.values()):
         return
     values = {c: counts.get(c, 0) for c in _COUNTS}
-    dialect = s.get_bind().dialect.name
-    stmt = (postgresql.insert(_USAGE) if dialect == "postgresql" else sqlite.insert(_USAGE)).values(
-        tenant_id=tenant_id or NO_TENANT, day=now.date(), **values)
-    s.execute(stmt.on_conflict_do_update(index_elements=["tenant_id", "day"],
-                                         set_={c: _USAGE.c[c] + stmt.excluded[c] for c in values if values[c]}))
+    stmt = _upsert(s.get_bind().dialect.name, frozenset(c for c in values if values[c]))
+    s.execute(stmt, {"tenant_id": tenant_id or NO_TENANT, "day": now.date(), **values})
+
+
+@functools.cache
+def _upsert(dialect: str, adding: frozenset[str]) -> Any:
+    """The statement ``add`` runs, built once for each set of columns it adds to."""
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    stmt = insert(_USAGE).values(tenant_id=bindparam("tenant_id", type_=_USAGE.c.tenant_id.type),
+                                 day=bindparam("day", type_=_USAGE.c.day.type),
+                                 **{c: bindparam(c, type_=_USAGE.c[c].type) for c in _COUNTS})
+    return stmt.on_conflict_do_update(index_elements=["tenant_id", "day"],
+                                      set_={c: _USAGE.c[c] + stmt.excluded[c] for c in _COUNTS if c in adding})
 
 
 # --- reads --------------------------------------------------------------------------------------------
