@@ -21,15 +21,21 @@ from paperlane.storage.tables import DocumentRow, JobRow
 log = logging.getLogger(__name__)
 
 
+# Job id -> the result the caller just stored for it, or the JSON it stored (read instead of the store's copy).
+Known = Mapping[str, "PageResult | bytes"]
+
+
 def page_result(store: ObjectStore, job: JobRow, *, source: str, page_no: int,
-                known: Mapping[str, PageResult] | None = None) -> PageResult:
+                known: Known | None = None) -> PageResult:
     """A page's result: its job's stored result (``known[job.id]`` when the caller holds what it stored), or a
     failed one saying why there is none."""
     result: PageResult | None = None
     if job.status == JobStatus.SUCCEEDED and job.result_key:
-        result = known.get(job.id) if known else None
+        kept = known.get(job.id) if known else None
         try:
-            result = result or PageResult.model_validate_json(store.get(job.result_key))
+            if isinstance(kept, bytes):
+                kept = PageResult.model_validate_json(kept)
+            result = kept or PageResult.model_validate_json(store.get(job.result_key))
         except (PaperlaneError, ValueError) as exc:
             log.warning("stored result of job %s unreadable (%s)", job.id, exc)
     if result is None:
@@ -48,7 +54,7 @@ class DocumentResults:
 
 
 def document_results(db: Database, store: ObjectStore, document_id: str, *,
-                     known: Mapping[str, PageResult] | None = None) -> DocumentResults:
+                     known: Known | None = None) -> DocumentResults:
     """The document and its pages' results (one read of each page's stored result, but for the pages in ``known``:
     job id -> the result the caller stored for it). Raises DocumentNotFound."""
     document = status_reads.get_document(db, document_id)

@@ -6,15 +6,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from paperlane.errors import JobNotFound
 from paperlane.priority.lanes import Lane
 from paperlane.priority.messages import PageMessage
 from paperlane.producer.submit import SubmittedPage, submit_documents
 from paperlane.retry import Action, RetryPolicy
-from paperlane.schemas import OutputFormat, TaskSpec
+from paperlane.schemas import OutputFormat, PageResult, TaskSpec
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.objects import document_key
+from paperlane.storage.results import page_result
+from paperlane.storage.tables import ResultRow
 from paperlane.workers.attempts import AttemptRunner
 from paperlane.workers.outputs import Writer
 from paperlane.workers.pipeline import Runtime
@@ -100,3 +103,38 @@ def test_the_worker_and_paperlane_run_share_the_runner() -> None:
         source = Path(module.__file__ or "").read_text()
         assert "AttemptRunner(" in source
         assert "start_attempt(" not in source and "settle(" not in source and "process_page(" not in source
+
+
+def test_a_workers_result_is_built_on_the_pool_and_comes_back_without_its_lines(runtime_factory) -> None:  # noqa: F811
+    # As a worker runs it: the result built and stored on a pool process, back without its lines and blocks (the
+    # stored JSON has them), the index row's line figures taken where the lines were, the document's outputs read
+    # from the JSON handed to them.
+    rt = runtime_factory(FlakyEngine(), WORKER__PREPROCESS_PROCESSES="1")
+    rt.images_back = rt.results_back = False
+    policy = RetryPolicy.of(rt.settings.worker)
+    runner = AttemptRunner(rt, policy, worker="w1", lease=30, outputs=_writer(rt, policy))
+    page = _registered(rt)
+    attempt = runner.run(_message(page))
+    assert attempt is not None and attempt.decision.action is Action.DONE
+    outcome = attempt.outcome
+    [row] = jobstore.get_jobs(rt.db, [page.job_id])
+    stored = rt.store.get(row.result_key)
+    whole = PageResult.model_validate_json(stored)
+    assert [ln.text for ln in whole.lines] == ["hello"] and whole.lines[0].words  # built on the pool, words laid out
+    assert not outcome.whole and outcome.result.lines == [] and outcome.result.text == "hello"
+    assert outcome.stored_json == stored and outcome.annotated is None
+    assert "postprocess" in whole.timings and outcome.timings["postprocess"] == whole.timings["postprocess"]
+    with rt.db.session() as s:
+        assert s.scalar(select(ResultRow.line_count).where(ResultRow.job_id == page.job_id)) == 1
+    assert b"hello" in rt.store.get(document_key(page.document_id, OutputFormat.MD))
+
+
+def test_a_document_reads_a_page_from_the_json_it_is_handed_before_the_stores_copy(runtime_factory) -> None:  # noqa: F811
+    rt = runtime_factory(FlakyEngine())
+    page = _registered(rt)
+    attempt = AttemptRunner(rt, RetryPolicy.of(rt.settings.worker)).run(_message(page))
+    assert attempt is not None and attempt.decision.action is Action.DONE
+    [row] = jobstore.get_jobs(rt.db, [page.job_id])
+    handed = attempt.outcome.result.model_copy(update={"text": "as handed"}).model_dump_json().encode()
+    assert page_result(rt.store, row, source="s", page_no=1).text == "hello"
+    assert page_result(rt.store, row, source="s", page_no=1, known={row.id: handed}).text == "as handed"

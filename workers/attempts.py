@@ -26,7 +26,6 @@ after ``Decision.delay``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -34,9 +33,9 @@ from paperlane.errors import PaperlaneError
 from paperlane.metrics import PAGES, STAGE_SECONDS, reason_label
 from paperlane.priority.messages import PageMessage
 from paperlane.retry import Action, Decision, RetryPolicy
-from paperlane.schemas import PageResult
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
+from paperlane.storage.results import Known
 from paperlane.storage.usage import EngineWork
 from paperlane.workers.pipeline import PageOutcome, Runtime, process_page
 
@@ -76,7 +75,7 @@ class Outputs(Protocol):
     """The output step: where a finished document's outputs are built and stored. The seam for moving them off
     the process that feeds the engine."""
 
-    def write(self, document_id: str, *, known: Mapping[str, PageResult] | None = None) -> object:
+    def write(self, document_id: str, *, known: Known | None = None) -> object:
         """Write the document's outputs if they are due and nobody else holds them (``known``: results this process
         just stored, by job id). Failures are recorded for a retry, never raised."""
         ...
@@ -122,8 +121,10 @@ class AttemptRunner:
         if self.outputs is None:
             return
         done = attempt.decision.action is Action.DONE
-        # A result that came back whole saves the writer reading it back; one without its lines is read back.
-        stored = {attempt.outcome.job.id: attempt.outcome.result} if done and attempt.outcome.whole else None
+        # What was just stored (the result, or its JSON) saves the writer reading it back.
+        outcome = attempt.outcome
+        kept = outcome.result if outcome.whole else outcome.stored_json
+        stored: Known | None = {outcome.job.id: kept} if done and kept is not None else None
         for document_id in attempt.settled.outputs_due:
             self.outputs.write(document_id, known=stored)
 

@@ -38,7 +38,6 @@ import numpy as np
 from paperlane.bounded import BoundedPool, ProcessDied, TaskFailed, TaskTimedOut, keep_freed_memory
 from paperlane.errors import INTERNAL_REASON, OutOfMemory, OverLimit, PaperlaneError
 from paperlane.models.engine import InputSpec
-from paperlane.schemas import PageResult
 from paperlane.settings import ImageFormat, Settings
 from paperlane.storage.objects import ObjectStore, open_store
 from paperlane.workers.cpus import WORKER_OWN_CPUS, available_cpus, pool_processes

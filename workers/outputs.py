@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,7 +28,7 @@ from paperlane.status import OutputsState
 from paperlane.storage import outputs as recorded
 from paperlane.storage.db import Database, utcnow
 from paperlane.storage.objects import ObjectStore, document_key
-from paperlane.storage.results import document_content, document_results
+from paperlane.storage.results import Known, document_content, document_results
 from paperlane.storage.tables import DocumentRow
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ class Writer:
     max_pixels: int = 150_000_000
     formats: tuple[OutputFormat, ...] = DEFAULT_OUTPUT_FORMATS
 
-    def write(self, document_id: str, *, known: Mapping[str, PageResult] | None = None) -> DocumentOutputs | None:
+    def write(self, document_id: str, *, known: Known | None = None) -> DocumentOutputs | None:
         """Claim the document's due outputs and write them; None when they are not due, another writer holds
         them, or this try failed (recorded for a retry, or as failed). ``known``: job id -> the result this
         process just stored for it, used instead of reading it back."""
@@ -73,7 +73,7 @@ class Writer:
         many documents were written."""
         return sum(self.write_held(held) is not None for held in self.claim_due(limit=limit))
 
-    def write_held(self, held: recorded.Claim, known: Mapping[str, PageResult] | None = None) -> DocumentOutputs | None:
+    def write_held(self, held: recorded.Claim, known: Known | None = None) -> DocumentOutputs | None:
         """Build and store the outputs ``held`` claims and record them as written; None when this try failed
         (recorded for a retry, or as failed). Never raises."""
         try:
@@ -106,7 +106,7 @@ class Writer:
 
 def build_outputs(db: Database, store: ObjectStore, document_id: str, *,
                   formats: Collection[OutputFormat] = DEFAULT_OUTPUT_FORMATS,
-                  max_pixels: int = 150_000_000, known: Mapping[str, PageResult] | None = None) -> DocumentOutputs:
+                  max_pixels: int = 150_000_000, known: Known | None = None) -> DocumentOutputs:
     """Read the document's pages (and its original, for the PDF) and build its outputs in ``formats``; nothing is
     written. Page files are named after the document's id (as the METS refers to them). ``known``: see
     ``storage.results.document_results``."""

@@ -22,17 +22,17 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from paperlane.bounded import BoundedPool, TaskFailed, keep_freed_memory
 from paperlane.errors import OverLimit
 from paperlane.retry import RetryPolicy
-from paperlane.schemas import PageResult
 from paperlane.settings import Settings
 from paperlane.storage.db import Database
 from paperlane.storage.objects import ObjectStore, open_store
 from paperlane.storage.outputs import Claim
+from paperlane.storage.results import Known
 from paperlane.workers.outputs import DocumentOutputs, Writer
 
 log = logging.getLogger(__name__)
@@ -67,12 +67,12 @@ def _init_process(settings: Settings) -> None:
     _writer = writer_of(settings, Database(settings.database_url, pool_size=2), open_store(settings))
 
 
-def _write_in_process(held: Claim, known: Mapping[str, PageResult] | None, then: Then | None) -> bool:
+def _write_in_process(held: Claim, known: Known | None, then: Then | None) -> bool:
     assert _writer is not None, "outputs process not initialised"
     return _write(_writer, held, known, then)
 
 
-def _write(writer: Writer, held: Claim, known: Mapping[str, PageResult] | None, then: Then | None) -> bool:
+def _write(writer: Writer, held: Claim, known: Known | None, then: Then | None) -> bool:
     """Write the outputs ``held`` claims, then ``then``; whether they were written. Never raises."""
     built = writer.write_held(held, known)
     if built is None:
@@ -104,7 +104,7 @@ class OutputsPool:
             self._threads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outputs")
         log.info("document outputs: %s", f"{processes} process(es)" if processes else "a thread of this process")
 
-    def write(self, document_id: str, *, known: Mapping[str, PageResult] | None = None,
+    def write(self, document_id: str, *, known: Known | None = None,
               then: Then | None = None) -> Future[bool]:
         """Claim the document's outputs if they are due and nobody holds them, and have them written (and
         ``then`` done with them); the future says whether they were (False: not due, held by another writer, or
@@ -125,7 +125,7 @@ class OutputsPool:
             self._submit(held, None, None)
         return len(claims)
 
-    def _submit(self, held: Claim, known: Mapping[str, PageResult] | None, then: Then | None) -> Future[bool]:
+    def _submit(self, held: Claim, known: Known | None, then: Then | None) -> Future[bool]:
         self._room.acquire()
         try:
             if self._pool is not None:

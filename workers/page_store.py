@@ -45,13 +45,14 @@ class Stored:
     seconds: float = 0.0
     error: PaperlaneError | None = None
     traceback: str | None = None
+    json: bytes | None = None  # the result's JSON as stored, when asked back
 
 
 def store_objects(store: ObjectStore, result: PageResult, preview: np.ndarray | None, *, fmt: ImageFormat,
-                  timings: dict[str, float], image_back: bool = False) -> Stored:
+                  timings: dict[str, float], image_back: bool = False, json_back: bool = False) -> Stored:
     """Draw and store the annotated image (when there is a preview), then the result's JSON, its ``timings`` with
     this step's seconds (rendering and the image's upload) under ``store``. ``image_back``: return the image's
-    bytes too (``paperlane run`` writes them beside the results). Never raises."""
+    bytes too (``paperlane run`` writes them beside the results); ``json_back``: the JSON's. Never raises."""
     t0 = time.perf_counter()
     try:
         image_key, image = None, None
@@ -61,10 +62,10 @@ def store_objects(store: ObjectStore, result: PageResult, preview: np.ndarray | 
             store.put(image_key, image, content_type=formats.media_type(fmt))
         seconds = time.perf_counter() - t0
         result.timings = {**timings, Stage.STORE.value: seconds}
-        json_key = result_key(result.job_id)
-        store.put(json_key, formats.build(OutputFormat.JSON, formats.Content([result]), page=result.page),
-                  content_type=formats.media_type(OutputFormat.JSON))
-        return Stored(json_key, image_key, image if image_back else None, seconds)
+        json_key, json = result_key(result.job_id), formats.build(OutputFormat.JSON, formats.Content([result]),
+                                                                  page=result.page)
+        store.put(json_key, json, content_type=formats.media_type(OutputFormat.JSON))
+        return Stored(json_key, image_key, image if image_back else None, seconds, json=json if json_back else None)
     except PaperlaneError as exc:
         exc.stage = exc.stage or Stage.STORE.value
         return Stored(None, seconds=time.perf_counter() - t0, error=exc)
@@ -103,6 +104,7 @@ class Finished:
     result: PageResult | None = None
     lines: LineStats | None = None
     seconds: float = 0.0
+    json: bytes | None = None  # the result's JSON as stored, when the result is not whole (a document's outputs read it)
 
 
 def finish_objects(store: ObjectStore, finish: Finish, preview: np.ndarray | None, *, fmt: ImageFormat,
@@ -121,8 +123,9 @@ def finish_objects(store: ObjectStore, finish: Finish, preview: np.ndarray | Non
                                else traceback.format_exc()), seconds=time.perf_counter() - t0)
     seconds = time.perf_counter() - t0
     stored = store_objects(store, result, preview, fmt=fmt, timings={**timings, Stage.POSTPROCESS.value: seconds},
-                           image_back=image_back)
-    lines = LineStats.of(result)
+                           image_back=image_back, json_back=not result_back)
+    lines, json = LineStats.of(result), stored.json
+    stored = dataclasses.replace(stored, json=None)  # once is enough
     if not result_back:
         result = result.model_copy(update={"lines": [], "blocks": []})
-    return Finished(stored, result, lines, seconds)
+    return Finished(stored, result, lines, seconds, json)

@@ -120,8 +120,10 @@ class PageOutcome:
     timings: dict[str, float] = field(default_factory=dict)
     annotated: bytes | None = None  # the annotated image as stored (worker.annotated_format), on success
     # On success, whether ``result`` is whole: without ``Runtime.results_back`` its lines and blocks stay in the
-    # stored JSON (rows and metering need only the rest).
+    # stored JSON (rows and metering need only the rest), which comes back as ``stored_json`` for the document's
+    # outputs to read instead of the store's copy.
     whole: bool = True
+    stored_json: bytes | None = None
     outputs_due: list[str] = field(default_factory=list)  # documents whose outputs its success made due
 
     @property
@@ -245,7 +247,7 @@ def _finish(rt: Runtime, job: JobRow, spec: TaskSpec, page: PreparedPage, output
                                          result_key=stored.json_key, annotated_key=stored.annotated_key,
                                          timings=timings, lines=done.lines)
     return PageOutcome(job=job, result=result, timings=timings, annotated=stored.image, outputs_due=finished,
-                       whole=rt.results_back)
+                       whole=rt.results_back, stored_json=done.json)
 
 
 def _classified(job: JobRow, exc: Exception, stage: str) -> PaperlaneError:
