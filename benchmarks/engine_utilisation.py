@@ -19,6 +19,10 @@ the worker being ready to the last page stored. CPU is the worker's process grou
 its pools) over the same window: everything spent outside the engine, from fetching the original
 to the stored result (target: 40 ms per page).
 
+--outputs-apart: the worker as deploy/k8s runs it, with ``worker.write_outputs`` false, and ``paperlane outputs``
+beside it (a process group of its own) writing the documents' outputs; the worker's figures leave them out, and
+the outputs service's CPU per page is printed apart, measured until the last document's outputs are written.
+
 --embedded: the same scans in a folder, processed by ``paperlane run DIR --engine vllm`` on the
 embedded stack (SQLite and a local folder, no services). The throughput clock runs from the first
 request the engine sees to the last page's result written to --out: the run's start-up (imports, the
@@ -68,6 +72,7 @@ from typing import Any
 from common import (
     ENGINE_SHAPE,
     PAPERLANE,
+    REPO,
     a4_scan,
     finished_jobs,
     group_cpu,
@@ -80,7 +85,7 @@ from common import (
     with_comment,
     write_config,
 )
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from paperlane.models.engine import EngineRequest
 from paperlane.models.profiles import get_profile
@@ -95,7 +100,8 @@ from paperlane.settings import EngineSettings, WindowSettings, load_settings
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
 from paperlane.storage.objects import open_store
-from paperlane.storage.tables import JobRow
+from paperlane.status import OutputsState
+from paperlane.storage.tables import DocumentRow, JobRow
 from paperlane.bounded import process_cpu_seconds
 from tests.pages import prepare
 from tests.sim_engine import SimEngine, start_sim_engine
@@ -153,6 +159,9 @@ def main() -> int:
     p.add_argument("--main-code", type=Path, default=None, metavar="CHECKOUT", help="also run another checkout's "
                    "code (its .venv's python -m paperlane, e.g. /work/main) in turn with this one's (worker or run)")
     p.add_argument("--rounds", type=int, default=1, help="times each run is repeated, alternating")
+    p.add_argument("--outputs-apart", action="store_true", help="the worker with worker.write_outputs=false and "
+                   "`paperlane outputs` beside it writing the documents' outputs (as deploy/k8s runs them); its CPU "
+                   "per page is printed apart, until the last document's outputs are written")
     p.add_argument("--log", help="keep the worker's (or the run's) log here")
     p.add_argument("--window-compare", action="store_true", help="the fixed window of 32 beside the adaptive one, "
                    "against two servers of --shape (default wide-slow) fed at once")
@@ -257,7 +266,8 @@ def run_worker(args: argparse.Namespace, root: Path, pages: Iterator[bytes], sim
     page stored."""
     svc = start_services(root)
     try:
-        config = write_config(svc, root, WORKER__PREPROCESS_PROCESSES=str(args.processes),
+        apart = {"WORKER__WRITE_OUTPUTS": "false"} if args.outputs_apart else {}
+        config = write_config(svc, root, WORKER__PREPROCESS_PROCESSES=str(args.processes), **apart,
                               **dict(kv.split("=", 1) for kv in args.set))
         settings = load_settings(config)
         db = Database(settings.database_url)
@@ -268,14 +278,25 @@ def run_worker(args: argparse.Namespace, root: Path, pages: Iterator[bytes], sim
         ids = [s.job_id for s in submit_documents(inputs, db=db, store=open_store(settings), spec=TaskSpec(),
                                                   lane=Lane.BATCH, publisher=PagePublisher(make_celery(settings)))]
         print(f"queued {len(ids)} A4 scans in {time.perf_counter() - t0:.1f}s (untimed)")
+        outputs = _start_outputs(config, root, command) if args.outputs_apart else None
         worker = start_worker(config, root / "paperlane.log", sim.url, command=command)
         try:
             start = Probe.read(worker.pid, sim)
+            outputs_start = sum(group_cpu(outputs.pid).values()) if outputs else 0.0
             while finished_jobs(db) < len(ids):
                 time.sleep(0.5)
             end = Probe.read(worker.pid, sim, at=last_finished(db))
+            if outputs is not None:
+                while outputs_written(db) < len(ids):
+                    time.sleep(0.2)
+                lag = time.time() - end.at
+                outputs_s = sum(group_cpu(outputs.pid).values()) - outputs_start
+                print(f"outputs apart (`paperlane outputs`): {outputs_s * 1000 / len(ids):.1f} ms CPU per page; the "
+                      f"last document's written {lag:.1f}s after the last page was stored")
         finally:
             stop(worker)
+            if outputs is not None:
+                stop(outputs)
         _print_stages(db)
         failed = finished_jobs(db, "failed")
     finally:
@@ -288,6 +309,26 @@ def run_worker(args: argparse.Namespace, root: Path, pages: Iterator[bytes], sim
     window = _window(len(ids), failed, start, end, sim)
     window.main_ms = main_s * 1000 / len(ids)
     return window
+
+
+def _start_outputs(config: Path, root: Path, command: list[str] | None) -> subprocess.Popen[bytes]:
+    """``paperlane outputs`` in a session of its own (its process group: it and its processes), once it serves."""
+    log = root / "outputs.log"
+    proc = subprocess.Popen([*(command or PAPERLANE), "--config", str(config), "outputs"], cwd=REPO,
+                            stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while "writing due document outputs" not in log.read_text(errors="replace"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop(proc)
+            raise RuntimeError(f"paperlane outputs did not start:\n{log.read_text(errors='replace')[-3000:]}")
+        time.sleep(0.05)
+    return proc
+
+
+def outputs_written(db: Database) -> int:
+    with db.session() as s:
+        return int(s.scalar(select(func.count()).select_from(DocumentRow).where(
+            DocumentRow.outputs == OutputsState.WRITTEN.value)) or 0)
 
 
 def run_embedded(args: argparse.Namespace, root: Path, src: Path, sim: SimEngine, command: list[str],

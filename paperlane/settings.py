@@ -242,6 +242,9 @@ class WorkerSettings(BaseModel):
                                          "(searchable PDF, markdown, JSON, XML), so the process feeding the engine "
                                          "does not; unset: 1, or 0 when preprocess_processes is 0; 0 builds them on "
                                          "a thread of the worker process")
+    write_outputs: bool = Field(True, description="build finished documents' outputs in this worker; false: leave "
+                                "them due for `paperlane outputs` processes (CPU only, on hosts of their own, scaled "
+                                "on paperlane_outputs_due apart from the GPU workers), and start no output processes")
     urgent_processes: int = Field(2, ge=1, description="processes that prepare interactive pages only, so they "
                                   "never queue behind the backlog's (bounded like the pool's)")
     annotated_format: ImageFormat = Field(ImageFormat.JPEG, description="the annotated image: jpeg (cheapest), "

@@ -14,7 +14,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import ColumnElement, Table, or_, select, update
+from sqlalchemy import ColumnElement, Table, func, or_, select, update
 
 from paperlane.retry import Action, RetryPolicy
 from paperlane.schemas import OutputFormat
@@ -63,6 +63,14 @@ def claim_due(db: Database, *, now: datetime, hold: float, limit: int = 10) -> l
         rows = s.execute(update(_DOCUMENTS).where(d.id.in_(due.scalar_subquery()), _claimable(now))
                          .values(outputs_claimed_until=until).returning(d.id, d.outputs_attempts)).all()
     return [Claim(doc_id, until, int(attempts)) for doc_id, attempts in rows]
+
+
+def due_count(db: Database) -> int:
+    """Documents whose outputs are due (``pending``: held by a writer or not): the backlog of ``paperlane outputs``.
+    From the partial index the claims read."""
+    with db.session() as s:
+        return int(s.scalar(select(func.count()).select_from(_DOCUMENTS).where(_DOCUMENTS.c.outputs == _PENDING))
+                   or 0)
 
 
 def written(db: Database, held: Claim, *, formats: Collection[OutputFormat]) -> bool:

@@ -34,6 +34,8 @@ from paperlane.priority.fair import FairLanes
 from paperlane.priority.lanes import Lane, broker_keys
 from paperlane.producer.api.app import create_app
 from paperlane.settings import EngineKind, Settings, StorageBackend
+from paperlane.workers.outputs_pool import output_processes
+from paperlane.workers.outputs_service import METRIC as OUTPUTS_METRIC
 from tests.code_names import command_problem, flags, unknown_setting
 from tests.conftest import Stack
 from tests.test_compose import argv as compose_argv
@@ -133,8 +135,8 @@ def validate(obj: dict[str, Any]) -> None:
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_object_is_valid_for_the_pinned_kubernetes(overlay: str) -> None:
     kinds = sorted(o["kind"] for o in rendered(overlay))
-    assert kinds == ["ConfigMap", "CronJob", "Deployment", "Deployment", "Job", "NetworkPolicy",
-                     "PodDisruptionBudget", "ScaledObject", "Service"]
+    assert kinds == ["ConfigMap", "CronJob", "Deployment", "Deployment", "Deployment", "Job", "NetworkPolicy",
+                     "PodDisruptionBudget", "ScaledObject", "ScaledObject", "Service"]
     for obj in rendered(overlay):
         validate(obj)
 
@@ -214,7 +216,8 @@ def test_commands_are_registered(where: str) -> None:
 def test_each_part_runs_its_command() -> None:
     args = {where: c["args"] for where, c in paperlane_containers()}
     assert args == {"paperlane-migrate/migrate": ["db", "upgrade"], "paperlane-api/api": ["api"],
-                    "paperlane-gpu-worker/worker": ["worker"], "paperlane-retention/retention": ["db", "retention"]}
+                    "paperlane-gpu-worker/worker": ["worker"], "paperlane-outputs/outputs": ["outputs"],
+                    "paperlane-retention/retention": ["db", "retention"]}
     assert objects("CronJob")["paperlane-retention"]["spec"]["concurrencyPolicy"] == "Forbid"
 
 
@@ -316,6 +319,20 @@ def test_scaling_down_waits_for_the_graceful_stop() -> None:
     assert spec["cooldownPeriod"] > grace
     down = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
     assert all(p["periodSeconds"] > grace for p in down["policies"]) and down["stabilizationWindowSeconds"] > grace
+
+
+def test_document_outputs_are_the_cpu_pods_and_scale_on_what_is_due(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = settings_of(container("paperlane-gpu-worker", "worker"), monkeypatch)
+    assert not gpu.worker.write_outputs and output_processes(gpu) == 0  # no output processes on the GPU pod
+    cpu = settings_of(container("paperlane-outputs", "outputs"), monkeypatch)
+    assert cpu.metrics.port == 9100 and (cpu.worker.output_processes or 0) >= 1
+    pod = pod_spec(objects("Deployment")["paperlane-outputs"])
+    assert "nvidia.com/gpu" not in str(pod) and not pod.get("tolerations")
+    spec = dict(objects("ScaledObject")["paperlane-outputs"]["spec"])
+    assert spec["scaleTargetRef"]["name"] == "paperlane-outputs" and spec["minReplicaCount"] >= 1
+    [trigger] = spec["triggers"]
+    assert trigger["type"] == "prometheus" and re.fullmatch(rf"max\({OUTPUTS_METRIC} or vector\(0\)\)",
+                                                            trigger["metadata"]["query"])
 
 
 def test_scale_to_zero_is_an_overlay() -> None:

@@ -15,14 +15,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import redis
 from prometheus_client import REGISTRY, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from paperlane.metrics import TENANT_ENGINE_SECONDS, TENANT_PAGES, TENANT_TOKENS
 from paperlane.priority import keys
-from paperlane.priority.depth import QueueDepth
 from paperlane.settings import Settings
 from paperlane.storage import usage
 from paperlane.storage.db import Database, utcnow
@@ -118,12 +116,12 @@ class Nvml(Collector):
 
 
 class MetricsServer:
-    """This process's /metrics server on ``metrics.port`` (0: any free port; unset: none), with the queue depths
-    and GPU collectors registered while it runs."""
+    """This process's /metrics server on ``metrics.port`` (0: any free port; unset: none), with ``collectors`` (a
+    worker's: the queue depths, ``QueueDepth``) and the GPU's registered while it runs."""
 
-    def __init__(self, settings: Settings, client: redis.Redis) -> None:
+    def __init__(self, settings: Settings, *collectors: Collector) -> None:
         self._settings = settings
-        self._collectors: list[Collector] = [QueueDepth(client)]
+        self._collectors: list[Collector] = list(collectors)
         if settings.metrics.nvml:
             nvml = Nvml()
             if nvml.present:

@@ -45,8 +45,11 @@ _writer: Writer | None = None  # a pool process's own
 
 
 def output_processes(settings: Settings) -> int:
-    """``worker.output_processes``, or unset: 1, or 0 (a thread) when the CPU pool runs in-process too."""
+    """``worker.output_processes``, or unset: 1, or 0 (a thread) when the CPU pool runs in-process too, or when
+    this worker leaves outputs to ``paperlane outputs`` (``worker.write_outputs`` false)."""
     cfg = settings.worker
+    if not cfg.write_outputs:
+        return 0
     if cfg.output_processes is not None:
         return cfg.output_processes
     return 0 if cfg.preprocess_processes == 0 else 1

@@ -43,6 +43,7 @@ from paperlane.priority.broker import PagePublisher, make_celery
 from paperlane.priority.connection import open_redis
 from paperlane.priority.deadletter import DeadLetters
 from paperlane.priority.delayed import DelayedPages
+from paperlane.priority.depth import QueueDepth
 from paperlane.priority.fair import HEADER, FairLanes
 from paperlane.priority.lanes import TASK_PROCESS_PAGE, Lane
 from paperlane.priority.messages import PageMessage
@@ -100,10 +101,12 @@ class Worker:
             self.leases = _started(stack, LeaseKeeper(self.runtime.db, self.delayed, self.redis, cfg, self.policy,
                                                       worker=self.name, fair=FairLanes(self.redis, buffer=fair.buffer),
                                                       fair_share=fair.enabled))
-            # Document outputs are built on processes of their own (``workers.outputs_pool``), not here.
-            _started(stack, OutputsSweep(self.runtime.outputs, every=cfg.lease / 3))
+            # Document outputs are built on processes of their own (``workers.outputs_pool``), not here; or left due
+            # for ``paperlane outputs`` (``worker.write_outputs`` false: ``workers.outputs_service``).
+            if cfg.write_outputs:
+                _started(stack, OutputsSweep(self.runtime.outputs, every=cfg.lease / 3))
             self.runner = AttemptRunner(self.runtime, self.policy, worker=self.name, lease=cfg.lease,
-                                        leases=self.leases, outputs=self.runtime.outputs)
+                                        leases=self.leases, outputs=self.runtime.outputs if cfg.write_outputs else None)
             # The batch limit keeps slots free for interactive pages; a worker that serves no interactive lane
             # needs none.
             limit = self.slots.batch if Lane.INTERACTIVE in self.lanes else None
@@ -111,7 +114,7 @@ class Worker:
                                            source := ConsumerLanes(self.redis), lanes=self.lanes)
             self.gate = _started(stack, LaneGate(self.scheduler, source))
             _started(stack, GracefulStop(self.runtime.batcher, grace=cfg.shutdown_grace))
-            _started(stack, MetricsServer(self.settings, self.redis))
+            _started(stack, MetricsServer(self.settings, QueueDepth(self.redis)))
             self.tenants = TenantSeries(self.runtime.db, labels=self.settings.metrics.tenant_labels)
             self._stack = stack.pop_all()
 

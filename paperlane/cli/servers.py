@@ -43,6 +43,17 @@ def worker(
 
 
 @app.command()
+def outputs() -> None:
+    """Write finished documents' outputs on this host's CPUs, for GPU workers run with worker.write_outputs=false
+    (any number of these share the work; /metrics has paperlane_outputs_due to scale them on)."""
+    from paperlane.workers.outputs_service import serve as serve_outputs
+
+    settings = command_settings()
+    configure_logging(min(global_options.log_level, logging.INFO))
+    serve_outputs(settings)
+
+
+@app.command()
 def api(
     host: Annotated[str | None, typer.Option("--host", help="address to listen on (default: api.host)")] = None,
     port: Annotated[int | None, typer.Option("--port", help="port (default: settings, api.port)")] = None,
