@@ -196,7 +196,8 @@ def embedded_side_by_side(args: argparse.Namespace) -> int:
         arms.append((f"code of {args.main_code}", [str(args.main_code / ".venv/bin/python"), "-m", "paperlane"], {}))
     for n in (args.feeders.split(",") if args.feeders else []):
         arms.append((f"feeders={n}", PAPERLANE, {"WORKER__FEEDERS": n.strip()}))
-    arms = arms or [("this code", PAPERLANE, {})]
+    if not args.feeders:  # this code at its defaults, beside --main-code's when given
+        arms.insert(0, ("this code", PAPERLANE, {}))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "scans"

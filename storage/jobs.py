@@ -7,7 +7,6 @@ replaced, not added, and finishing a job that already finished changes nothing i
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -20,24 +19,11 @@ from paperlane.schemas import PageResult, Stage
 from paperlane.status import JobStatus
 from paperlane.storage import ingests
 from paperlane.storage.db import Database, as_utc, get_row, utcnow
+from paperlane.storage.line_stats import LineStats
 from paperlane.storage.tables import JobRow, ResultRow
 from paperlane.storage.usage import EngineWork
 
 STAGE_COLUMNS: dict[Stage, str] = {stage: f"{stage.value}_s" for stage in Stage}
-
-
-@dataclass(frozen=True)
-class LineStats:
-    """What the results index keeps of a page's lines: how many, and their mean confidence (None: none had one).
-    Taken where the lines are (a result built on a pool process), so the lines need not travel to the rows."""
-
-    count: int
-    mean_confidence: float | None
-
-    @classmethod
-    def of(cls, result: PageResult) -> LineStats:
-        confidences = [ln.confidence for ln in result.lines if ln.confidence is not None]
-        return cls(len(result.lines), sum(confidences) / len(confidences) if confidences else None)
 
 
 def requeue(db: Database, job_id: str, *, upload_s: float | None = None) -> None:

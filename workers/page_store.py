@@ -28,7 +28,7 @@ from paperlane.errors import INTERNAL_REASON, PaperlaneError
 from paperlane.models.engine import EngineOutput, PreparedImage
 from paperlane.schemas import EngineInfo, OutputFormat, PageResult, Stage, TaskSpec
 from paperlane.settings import ImageFormat, LayoutSettings
-from paperlane.storage.jobs import LineStats
+from paperlane.storage.line_stats import LineStats
 from paperlane.storage.objects import ObjectStore, annotated_key, result_key
 from paperlane.workers.postprocess import build_result
 

@@ -18,10 +18,11 @@ from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 
 from paperlane.errors import INTERNAL_REASON, OutOfMemory, PaperlaneError, WorkerStopping, public_reason
+from paperlane.metrics import PAGE_FLAGS, PAGES_GRADED
 from paperlane.models.engine import Capacity, Engine, EngineOutput, EngineRequest
 from paperlane.models.factory import build_engine
 from paperlane.priority.lanes import LEVELS_PER_LANE, Lane
-from paperlane.schemas import EngineInfo, JobStatus, PageResult, Stage, Task, TaskSpec
+from paperlane.schemas import EngineInfo, JobStatus, PageResult, Quality, Stage, Task, TaskSpec
 from paperlane.settings import Settings, WorkerSettings
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
@@ -32,7 +33,6 @@ from paperlane.workers.batcher import MicroBatcher
 from paperlane.workers.cpu_pool import CpuPool, Prepared
 from paperlane.workers.outputs_pool import OutputsPool, writer_of
 from paperlane.workers.page_store import Finish
-from paperlane.workers.postprocess import count_grade
 from paperlane.workers.preprocess import PreparedPage
 
 log = logging.getLogger(__name__)
@@ -248,6 +248,14 @@ def _finish(rt: Runtime, job: JobRow, spec: TaskSpec, page: PreparedPage, output
                                          timings=timings, lines=done.lines)
     return PageOutcome(job=job, result=result, timings=timings, annotated=stored.image, outputs_due=finished,
                        whole=rt.results_back, stored_json=done.json)
+
+
+def count_grade(quality: Quality) -> None:
+    """Count a page's grade in the ``paperlane_page_flags`` and ``paperlane_pages_graded`` metrics: here, where its
+    rows are written (a pool process's metrics would be nobody's)."""
+    for flag in quality.flags:
+        PAGE_FLAGS.labels(flag.value).inc()
+    PAGES_GRADED.labels(str(quality.needs_review).lower()).inc()
 
 
 def _classified(job: JobRow, exc: Exception, stage: str) -> PaperlaneError:

@@ -7,7 +7,6 @@ import math
 from paperlane.gutters import split_at_gutters
 from paperlane.layout import estimate_words, is_rtl, order_lines, quad_box
 from paperlane.regions import Found, order_regions
-from paperlane.metrics import PAGE_FLAGS, PAGES_GRADED
 from paperlane.models.engine import EngineOutput, PreparedImage
 from paperlane.models.quality import grade
 from paperlane.schemas import (Block, BlockKind, EngineInfo, JobStatus, Line, PageResult, Point, Quality, QualityFlag,
@@ -61,7 +60,7 @@ def build_result(*, job_id: str, source: str, page: int, spec: TaskSpec, output:
     each with its words; ``text`` (and, for ``parse``, the markdown, a paragraph a block) follows that
     order when the engine's text was its lines. ``engine`` is the worker's, unless another one read the
     page (a fallback); the quality is the engine's grade (an output without one is graded on what it
-    shows; the process that records the page counts it: ``count_grade``).
+    shows; the process that records the page counts it: ``pipeline.count_grade``).
     """
     lines = split_at_gutters(with_words(to_original(output.lines, image, size)), settings=layout)
     if output.regions:
@@ -122,13 +121,6 @@ def _markdown(kind: BlockKind, texts: list[str]) -> str:
     if kind is BlockKind.CAPTION:
         return "*" + " ".join(texts) + "*"
     return "\n".join(texts)
-
-
-def count_grade(quality: Quality) -> None:
-    """Count a page's grade in the ``paperlane_page_flags`` and ``paperlane_pages_graded`` metrics."""
-    for flag in quality.flags:
-        PAGE_FLAGS.labels(flag.value).inc()
-    PAGES_GRADED.labels(str(quality.needs_review).lower()).inc()
 
 
 def _text_is_lines(output: EngineOutput) -> bool:
