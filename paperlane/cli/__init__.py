@@ -2,7 +2,7 @@
 
 - ``run`` (``local``): documents processed in this process;
 - ``submit`` (``submission``): an ingest registered and queued;
-- ``worker``, ``api`` (``servers``): the long-running processes;
+- ``worker``, ``outputs``, ``api`` (``servers``): the long-running processes;
 - ``status``, ``review``, ``report`` (``show``): what there is to see;
 - ``keys create|list|revoke|rotate-secret|grant|ungrant|grants`` (``api_keys``): tenants' keys and grants;
 - ``tenants set|list``, ``usage`` (``accounts``): tenants' weights, budgets and what they used;
