@@ -170,15 +170,23 @@ def start_worker(config: Path, log: Path, engine_url: str, *, timeout: float = 1
 
     Its process group (pgid = its pid) is the worker and its CPU pool: what ``group_cpu_seconds`` reads.
     """
-    proc = subprocess.Popen([*(command or PAPERLANE), "--config", str(config), "worker", "--engine", "vllm", "--engine-url",
-                             engine_url], cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return start_paperlane(config, ["worker", "--engine", "vllm", "--engine-url", engine_url], log, ready="ready.",
+                           timeout=timeout, command=command)
+
+
+def start_paperlane(config: Path, args: list[str], log: Path, *, ready: str, timeout: float = 120,
+                    command: list[str] | None = None) -> subprocess.Popen[bytes]:
+    """``paperlane --config CONFIG ARGS`` in a session of its own (its process group: it and its processes),
+    its output in ``log``; returns once ``ready`` is in that log. ``command``: how to start paperlane (default:
+    this checkout's, ``PAPERLANE``)."""
+    proc = subprocess.Popen([*(command or PAPERLANE), "--config", str(config), *args], cwd=REPO,
+                            stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + timeout
-    while "ready." not in log.read_text(errors="replace"):
+    while ready not in log.read_text(errors="replace"):
         if proc.poll() is not None or time.monotonic() > deadline:
             stop(proc)
-            raise RuntimeError(f"worker did not start:\n{log.read_text(errors='replace')[-3000:]}")
-        time.sleep(0.02)  # the benchmark's clock starts at "ready": notice it within a few ms
+            raise RuntimeError(f"paperlane {args[0]} did not start:\n{log.read_text(errors='replace')[-3000:]}")
+        time.sleep(0.02)  # a benchmark's clock may start at ``ready``: notice it within a few ms
     return proc
 
 

@@ -72,13 +72,13 @@ from typing import Any
 from common import (
     ENGINE_SHAPE,
     PAPERLANE,
-    REPO,
     a4_scan,
     finished_jobs,
     group_cpu,
     last_finished,
     machine_cpu,
     stamped_scans,
+    start_paperlane,
     start_services,
     start_worker,
     stop,
@@ -174,6 +174,11 @@ def main() -> int:
     return worker_side_by_side(args)
 
 
+def _checkout_command(checkout: Path) -> list[str]:
+    """How to start another checkout's paperlane (--main-code): its .venv's python -m paperlane."""
+    return [str(checkout / ".venv/bin/python"), "-m", "paperlane"]
+
+
 def _start_sim(args: argparse.Namespace, root: Path) -> SimEngine:
     if args.fixed:
         return start_sim_engine(root / "sim", slots=args.slots, latency=args.latency, scheduling_policy="priority",
@@ -193,7 +198,7 @@ def embedded_side_by_side(args: argparse.Namespace) -> int:
     engine of the same shape, on the same scans; each one's report, then a table of all."""
     arms: list[tuple[str, list[str], dict[str, str]]] = []
     if args.main_code is not None:
-        arms.append((f"code of {args.main_code}", [str(args.main_code / ".venv/bin/python"), "-m", "paperlane"], {}))
+        arms.append((f"code of {args.main_code}", _checkout_command(args.main_code), {}))
     for n in (args.feeders.split(",") if args.feeders else []):
         arms.append((f"feeders={n}", PAPERLANE, {"WORKER__FEEDERS": n.strip()}))
     if not args.feeders:  # this code at its defaults, beside --main-code's when given
@@ -232,7 +237,7 @@ def worker_side_by_side(args: argparse.Namespace) -> int:
     and fresh services, on the same scans; each one's report, then a table of all with CPU per page by process."""
     arms = [("this code", PAPERLANE)]
     if args.main_code is not None:
-        arms.append((f"code of {args.main_code}", [str(args.main_code / ".venv/bin/python"), "-m", "paperlane"]))
+        arms.append((f"code of {args.main_code}", _checkout_command(args.main_code)))
     scans = list(_scan_pages(args))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -314,16 +319,8 @@ def run_worker(args: argparse.Namespace, root: Path, pages: Iterator[bytes], sim
 
 def _start_outputs(config: Path, root: Path, command: list[str] | None) -> subprocess.Popen[bytes]:
     """``paperlane outputs`` in a session of its own (its process group: it and its processes), once it serves."""
-    log = root / "outputs.log"
-    proc = subprocess.Popen([*(command or PAPERLANE), "--config", str(config), "outputs"], cwd=REPO,
-                            stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 120
-    while "writing due document outputs" not in log.read_text(errors="replace"):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop(proc)
-            raise RuntimeError(f"paperlane outputs did not start:\n{log.read_text(errors='replace')[-3000:]}")
-        time.sleep(0.05)
-    return proc
+    return start_paperlane(config, ["outputs"], root / "outputs.log", ready="writing due document outputs",
+                           command=command)
 
 
 def outputs_written(db: Database) -> int:

@@ -96,15 +96,15 @@ class Finish:
 
 @dataclass
 class Finished:
-    """A page's result built and its objects stored: the ``Stored``; the result, whole when asked back, otherwise
-    without its lines and blocks (in the stored JSON; ``lines`` has what the rows keep of them); the seconds the
-    result took to build (post-processing). On an error, ``stored`` says it and ``result`` is None."""
+    """A page's result built and its objects stored: the ``Stored`` (with the JSON as stored when the result is not
+    whole: a document's outputs read it); the result, whole when asked back, otherwise without its lines and blocks
+    (in the stored JSON; ``lines`` has what the rows keep of them); the seconds the result took to build
+    (post-processing). On an error, ``stored`` says it and ``result`` is None."""
 
     stored: Stored
     result: PageResult | None = None
     lines: LineStats | None = None
     seconds: float = 0.0
-    json: bytes | None = None  # the result's JSON as stored, when the result is not whole (a document's outputs read it)
 
 
 def finish_objects(store: ObjectStore, finish: Finish, preview: np.ndarray | None, *, fmt: ImageFormat,
@@ -124,8 +124,7 @@ def finish_objects(store: ObjectStore, finish: Finish, preview: np.ndarray | Non
     seconds = time.perf_counter() - t0
     stored = store_objects(store, result, preview, fmt=fmt, timings={**timings, Stage.POSTPROCESS.value: seconds},
                            image_back=image_back, json_back=not result_back)
-    lines, json = LineStats.of(result), stored.json
-    stored = dataclasses.replace(stored, json=None)  # once is enough
+    lines = LineStats.of(result)
     if not result_back:
         result = result.model_copy(update={"lines": [], "blocks": []})
-    return Finished(stored, result, lines, seconds, json)
+    return Finished(stored, result, lines, seconds)

@@ -247,7 +247,7 @@ def _finish(rt: Runtime, job: JobRow, spec: TaskSpec, page: PreparedPage, output
                                          result_key=stored.json_key, annotated_key=stored.annotated_key,
                                          timings=timings, lines=done.lines)
     return PageOutcome(job=job, result=result, timings=timings, annotated=stored.image, outputs_due=finished,
-                       whole=rt.results_back, stored_json=done.json)
+                       whole=rt.results_back, stored_json=stored.json)
 
 
 def count_grade(quality: Quality) -> None:
