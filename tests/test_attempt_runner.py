@@ -105,6 +105,7 @@ def test_the_worker_and_paperlane_run_share_the_runner() -> None:
         assert "start_attempt(" not in source and "settle(" not in source and "process_page(" not in source
 
 
+@pytest.mark.processes  # the CPU pool
 def test_a_workers_result_is_built_on_the_pool_and_comes_back_without_its_lines(runtime_factory) -> None:  # noqa: F811
     # As a worker runs it: the result built and stored on a pool process, back without its lines and blocks (the
     # stored JSON has them), the index row's line figures taken where the lines were, the document's outputs read

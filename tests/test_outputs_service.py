@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from paperlane.priority.messages import PageMessage
 from paperlane.producer.submit import SubmittedPage, submit_documents
@@ -26,6 +27,8 @@ from paperlane.workers.outputs_service import OutputsDue, OutputsService
 from paperlane.workers.pipeline import Runtime
 from tests.conftest import PAPERLANE
 from tests.test_retry_path import FlakyEngine, pages, runtime_factory  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.processes  # the service's pool and `paperlane outputs` are processes
 
 
 def _finished_by_a_gpu_worker(rt: Runtime, n: int) -> list[SubmittedPage]:
