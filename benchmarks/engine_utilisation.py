@@ -175,8 +175,10 @@ def main() -> int:
 
 
 def _checkout_command(checkout: Path) -> list[str]:
-    """How to start another checkout's paperlane (--main-code): its .venv's python -m paperlane."""
-    return [str(checkout / ".venv/bin/python"), "-m", "paperlane"]
+    """How to start another checkout's paperlane (--main-code): its .venv's python -m paperlane, with -P: it runs
+    from this checkout's folder, and ``-m`` would otherwise put that first on its path, so that this checkout's
+    ``paperlane`` package shadowed the other's (its steps, mapped by its editable install, stayed its own)."""
+    return [str(checkout / ".venv/bin/python"), "-P", "-m", "paperlane"]
 
 
 def _start_sim(args: argparse.Namespace, root: Path) -> SimEngine:
