@@ -24,8 +24,6 @@ loaded). Results and arguments are pickled through one pipe per process.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import itertools
 import logging
 import multiprocessing
@@ -49,28 +47,6 @@ _Task = tuple[Callable[..., Any], tuple[Any, ...], Future[Any]]
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _START_TIMEOUT = 120.0  # seconds a new process may take to import and initialise
 WALL_FACTOR = 3.0  # a task's wall-clock limit, in multiples of its CPU limit
-
-
-# glibc's mallopt() parameters (malloc.h).
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-
-
-def keep_freed_memory() -> None:
-    """Keep a page's freed buffers for the next page instead of handing them back to the kernel.
-
-    By default glibc gives a freed multi-megabyte buffer (mmap) or the free top of its heap (trim)
-    back to the kernel, and the next page's buffers fault in again 4 kB at a time: 1,400 page faults
-    and 3.5 ms of CPU per A4 page in a preprocessing process, an eighth of its work; a document's outputs
-    (its original and its searchable PDF, a megabyte or more each) likewise. Buffers below 32 MB now
-    come from the heap, and up to 64 MB of it stays free for reuse. Other C libraries: left alone.
-    Called by a pool's initializer, in the process it keeps.
-    """
-    try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
-    except (OSError, AttributeError, TypeError):
-        return
-    mallopt(_M_MMAP_THRESHOLD, 32 << 20)
-    mallopt(_M_TRIM_THRESHOLD, 64 << 20)
 
 
 class TaskFailed(Exception):

@@ -35,7 +35,8 @@ from typing import TypeVar
 
 import numpy as np
 
-from paperlane.bounded import BoundedPool, ProcessDied, TaskFailed, TaskTimedOut, keep_freed_memory
+from paperlane import heap
+from paperlane.bounded import BoundedPool, ProcessDied, TaskFailed, TaskTimedOut
 from paperlane.errors import INTERNAL_REASON, OutOfMemory, OverLimit, PaperlaneError
 from paperlane.models.engine import InputSpec
 from paperlane.settings import ImageFormat, Settings
@@ -80,10 +81,10 @@ def _init_process(settings: Settings, niced: bool) -> None:
     import cv2
 
     cv2.setNumThreads(1)
-    keep_freed_memory()
     _store = open_store(settings)
     _documents = OpenDocuments(budget=settings.worker.open_document_bytes)
     atexit.register(_documents.close)  # before PDFium's own exit hook, which warns of documents left open
+    heap.after_start()
 
 
 def _prepare_key(key: str, page_number: int, spec: InputSpec, limits: Limits, preview_side: int,

@@ -25,7 +25,8 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from paperlane.bounded import BoundedPool, TaskFailed, keep_freed_memory
+from paperlane import heap
+from paperlane.bounded import BoundedPool, TaskFailed
 from paperlane.errors import OverLimit
 from paperlane.retry import RetryPolicy
 from paperlane.settings import Settings
@@ -66,8 +67,8 @@ def _init_process(settings: Settings) -> None:
     global _writer
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.nice(5)  # outputs wait; the pages on their way to the engine, and the worker itself, do not
-    keep_freed_memory()
     _writer = writer_of(settings, Database(settings.database_url, pool_size=2), open_store(settings))
+    heap.after_start()
 
 
 def _write_in_process(held: Claim, known: Known | None, then: Then | None) -> bool:

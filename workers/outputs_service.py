@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from paperlane import heap
 from paperlane.settings import Settings
 from paperlane.storage import outputs as recorded
 from paperlane.storage.db import Database
@@ -92,4 +93,5 @@ def serve(settings: Settings) -> None:
     service = OutputsService(settings)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: service.stop())
+    heap.after_start()
     service.run()

@@ -33,6 +33,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
+from paperlane import heap
 from paperlane.errors import PaperlaneError, public_reason
 from paperlane.retry import Action, RetryPolicy
 from paperlane.settings import EngineKind, Settings
@@ -214,6 +215,7 @@ def _feed(settings: Settings, name: str, out_dir: Path, inbox: Connection, outbo
         outbox.send(_CannotStart(public_reason(exc)))
         return
     runner = AttemptRunner(rt, RetryPolicy.of(settings.worker), worker=name, crash_limit=False)
+    heap.after_start()
     lock = threading.Lock()  # slots report from their threads
 
     def report(handout: Handout, fut: Future[Reported]) -> None:

@@ -36,6 +36,7 @@ from celery import Task, bootsteps
 from celery.exceptions import Reject
 from celery.worker import state as celery_state
 
+from paperlane import heap
 from paperlane.errors import JobNotFound, StorageUnavailable, UsageError
 from paperlane.models.engine import Engine
 from paperlane.models.factory import build_engine
@@ -214,6 +215,7 @@ def _parts_step(worker: Worker) -> type[bootsteps.StartStopStep]:
             except UsageError as exc:  # misconfigured: one line and exit code 2, as the CLI's own usage errors
                 log.error("error: %s", exc)
                 raise SystemExit(2) from None
+            heap.after_start()  # the engine, the pools and every part are up: what is left is pages
 
         def stop(self, w: Any) -> None:
             # Celery stops this step before its pool: pages still on their threads must finish first (a stopping

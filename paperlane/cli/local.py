@@ -29,6 +29,7 @@ from paperlane.cli.root import (
     task_spec,
     with_formats,
 )
+from paperlane import heap
 from paperlane.errors import UsageError
 from paperlane.formats.registry import names
 from paperlane.priority.lanes import Lane
@@ -68,6 +69,7 @@ def run(
     feed = (RunFeeders.start(settings, feeders, out_dir, rt.db, setup=partial(configure_logging,
                                                                               global_options.log_level))
             if feeders > 1 else None)
+    heap.after_start()
     try:
         summary = run_embedded(rt, expand(paths, settings.ingest), out_dir=out_dir, spec=spec, lane=lane,
                                force=force, name=_ingest_name(paths), sources=_sources(paths), feed=feed,
