@@ -51,6 +51,8 @@ import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from paperlane.schemas import Block, BlockKind, Line, Point, Word
 from paperlane.settings import LayoutSettings
 
@@ -393,21 +395,18 @@ def estimate_words(text: str, quad: Sequence[Point], *, confidence: float | None
     """The words of ``text`` (split at whitespace) laid out along ``quad`` by their characters' widths,
     each marked ``estimated``; a right-to-left line's first word at its right end."""
     tokens = text.split()
-    widths = [sum(_width(ch) for ch in token) or 0.5 for token in tokens]
-    total = sum(widths) + _SPACE * (len(tokens) - 1)
     if not tokens or len(quad) != 4:
         return []
+    # Every word's start and end as fractions of the line, then the points there on its top and bottom edges, in
+    # one array operation a line (a page has hundreds of words: this runs once for each, on the CPU pool).
+    widths = np.array([sum(map(_width, token)) or 0.5 for token in tokens])
+    ends = np.cumsum(widths + _SPACE) - _SPACE
+    t = (np.stack((ends - widths, ends), axis=1) / ends[-1])[..., None]
+    if rtl:
+        t = 1.0 - t
     (x0, y0), (x1, y1), (x2, y2), (x3, y3) = quad
-
-    def at(t: float) -> tuple[Point, Point]:  # the points at fraction t of the top and bottom edges
-        t = 1.0 - t if rtl else t
-        return ((round(x0 + (x1 - x0) * t, 1), round(y0 + (y1 - y0) * t, 1)),
-                (round(x3 + (x2 - x3) * t, 1), round(y3 + (y2 - y3) * t, 1)))
-
-    words, start = [], 0.0
-    for token, width in zip(tokens, widths):
-        (top_a, bottom_a), (top_b, bottom_b) = at(start / total), at((start + width) / total)
-        quad_w = [top_a, top_b, bottom_b, bottom_a] if not rtl else [top_b, top_a, bottom_a, bottom_b]
-        words.append(Word(text=token, quad=quad_w, confidence=confidence, estimated=True))
-        start += width + _SPACE
-    return words
+    top = np.round(np.array((x0, y0)) + np.array((x1 - x0, y1 - y0)) * t, 1).tolist()
+    bottom = np.round(np.array((x3, y3)) + np.array((x2 - x3, y2 - y3)) * t, 1).tolist()
+    a, b = (1, 0) if rtl else (0, 1)  # clockwise from the top-left corner: a right-to-left word's end is its left
+    return [Word(text=token, quad=[top_[a], top_[b], bottom_[b], bottom_[a]], confidence=confidence, estimated=True)
+            for token, top_, bottom_ in zip(tokens, top, bottom)]
