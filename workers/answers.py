@@ -9,10 +9,10 @@ pickle (whoever can write to Redis must not run code in a worker); anything unre
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
+import pydantic
 import redis
 
 from paperlane.models.engine import EngineOutput
@@ -20,6 +20,7 @@ from paperlane.priority import keys
 from paperlane.schemas import EngineInfo, Line, Quality, Usage
 
 log = logging.getLogger(__name__)
+
 
 class EngineAnswers:
     def __init__(self, client: redis.Redis, *, ttl: int = 3600) -> None:
@@ -29,34 +30,44 @@ class EngineAnswers:
     def put(self, job_id: str, output: EngineOutput) -> None:
         """Keep the answer (a failure only costs the engine call it would have saved)."""
         try:
-            self._redis.set(keys.answer(job_id), json.dumps(_dump(output)), ex=self._ttl)
-        except redis.RedisError as exc:
+            self._redis.set(keys.answer(job_id), _Kept.of(output).model_dump_json(), ex=self._ttl)
+        except (redis.RedisError, ValueError) as exc:  # ValueError: a value pydantic cannot write as JSON
             log.debug("answer of job %s not kept: %s", job_id, exc)
 
     def get(self, job_id: str) -> EngineOutput | None:
         try:
             raw = self._redis.get(keys.answer(job_id))
-            return _load(json.loads(raw)) if raw else None
-        except (redis.RedisError, ValueError, TypeError, KeyError) as exc:
+            return _Kept.model_validate_json(raw).output() if raw else None
+        except (redis.RedisError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
             log.warning("kept answer of job %s not used: %s", job_id, exc)
             return None
 
 
-def _dump(o: EngineOutput) -> dict[str, Any]:
-    # The grade and the engine that read the page (a fallback) travel with the answer: a degenerate or
-    # fallback answer taken from here is flagged as it was when it came.
-    return {"text": o.text, "lines": [line.model_dump(mode="json") for line in o.lines], "markdown": o.markdown,
-            "fields": o.fields, "missing_fields": o.missing_fields, "truncated": o.truncated,
-            "usage": o.usage.model_dump() if o.usage else None, "raw": o.raw, "seconds": o.seconds,
-            "quality": o.quality.model_dump(mode="json") if o.quality else None,
-            "engine": o.engine.model_dump(mode="json") if o.engine else None}
+class _Kept(pydantic.BaseModel):
+    """An answer as kept: serialised and read back by pydantic in one call each (this runs in the process
+    feeding the engine, once per page). The grade and the engine that read the page (a fallback) travel with
+    the answer: a degenerate or fallback answer taken from here is flagged as it was when it came. ``quality``
+    and ``engine`` may be absent (answers kept before they were added)."""
 
+    text: str
+    lines: list[Line]
+    markdown: str | None
+    fields: dict[str, Any] | None
+    missing_fields: list[str]
+    truncated: bool
+    usage: Usage | None
+    raw: str | None
+    seconds: float | None
+    quality: Quality | None = None
+    engine: EngineInfo | None = None
 
-def _load(d: dict[str, Any]) -> EngineOutput:
-    quality, engine = d.get("quality"), d.get("engine")  # absent from answers kept before they were added
-    return EngineOutput(text=str(d["text"]), lines=[Line.model_validate(x) for x in d["lines"]],
-                        markdown=d["markdown"], fields=d["fields"], missing_fields=list(d["missing_fields"]),
-                        truncated=bool(d["truncated"]), usage=Usage.model_validate(d["usage"]) if d["usage"] else None,
-                        raw=d["raw"], seconds=d["seconds"],
-                        quality=Quality.model_validate(quality) if quality else None,
-                        engine=EngineInfo.model_validate(engine) if engine else None)
+    @classmethod
+    def of(cls, o: EngineOutput) -> _Kept:
+        return cls.model_construct(text=o.text, lines=o.lines, markdown=o.markdown, fields=o.fields,
+                                   missing_fields=o.missing_fields, truncated=o.truncated, usage=o.usage, raw=o.raw,
+                                   seconds=o.seconds, quality=o.quality, engine=o.engine)
+
+    def output(self) -> EngineOutput:
+        return EngineOutput(text=self.text, lines=self.lines, markdown=self.markdown, fields=self.fields,
+                            missing_fields=self.missing_fields, truncated=self.truncated, usage=self.usage,
+                            raw=self.raw, seconds=self.seconds, quality=self.quality, engine=self.engine)
