@@ -8,6 +8,7 @@ from typing import Any
 import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError
+from botocore.utils import determine_content_length
 
 from paperlane.errors import ObjectNotFound, StorageError, StorageUnavailable
 from paperlane.settings import StorageSettings
@@ -41,6 +42,9 @@ class S3Store:
                           s3={"addressing_style": "path", "payload_signing_enabled": False},
                           parameter_validation=False, max_pool_connections=cfg.max_connections),
         )
+        # botocore asks for "100 Continue" before every PutObject body (it makes each a file), a round trip more
+        # per page's object: worth it for a large body a server may refuse (sent for nothing), not for a page's.
+        client.meta.events.register_last("before-call.s3", _continue_for_large_bodies_only)
         store = cls(client, cfg.bucket, prefix=cfg.prefix)
         if cfg.create_bucket:
             try:
@@ -113,6 +117,18 @@ class S3Store:
 
     def url(self, key: str) -> str:
         return f"s3://{self.bucket}/{self.prefix}{key}"
+
+
+_CONTINUE_ABOVE = 2 << 20  # bytes: as the AWS SDK for Go (v2) does by default
+
+
+def _continue_for_large_bodies_only(params: dict[str, Any], **kwargs: Any) -> None:
+    """No ``Expect: 100-continue`` on a request whose body is known to be under ``_CONTINUE_ABOVE``."""
+    headers = params.get("headers") or {}
+    if "Expect" in headers:
+        size = determine_content_length(params.get("body"))
+        if size is not None and size < _CONTINUE_ABOVE:
+            del headers["Expect"]
 
 
 def _code(exc: ClientError) -> str:
