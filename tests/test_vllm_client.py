@@ -11,7 +11,7 @@ tests/vllm_tier), and a context that cuts answers with ``finish_reason: "length"
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -240,3 +240,38 @@ def test_an_interactive_page_goes_past_the_bound_at_once_and_the_place_it_borrow
 
     order, most = asyncio.run(scenario())
     assert order == ["batch0", "batch1", "urgent", "batch2", "batch3"] and most == 3
+
+
+def _read_events(*chunks: bytes) -> list[tuple[str, str | None, int | None]]:
+    """The deltas of a streamed answer whose body arrives in ``chunks``: (text, finish reason, completion tokens)."""
+    import asyncio
+
+    import httpx
+
+    from paperlane.models.vllm_server import _deltas
+
+    async def body() -> AsyncIterator[bytes]:
+        for chunk in chunks:
+            yield chunk
+
+    async def read() -> list[tuple[str, str | None, int | None]]:
+        resp = httpx.Response(200, content=body())
+        return [(d.text, d.finish_reason, d.completion_tokens) async for d in _deltas(resp)]
+
+    return asyncio.run(read())
+
+
+def test_answer_events_are_read_across_chunk_boundaries_up_to_done() -> None:
+    one = b'data: {"choices":[{"delta":{"content":"he"}}],"usage":{"completion_tokens":1}}\n\n'
+    two = (b'data: {"choices":[{"delta":{"content":"llo"},"finish_reason":"stop"}],"usage":{"completion_tokens":2}}'
+           b"\r\n\r\n")
+    want = [("he", None, 1), ("llo", "stop", 2)]
+    # Split anywhere: inside "data:", inside the JSON, between \r and \n; comments and other fields skipped.
+    whole = b": keep-alive\n\n" + one + b"event: chunk\n" + two + b"data: [DONE]\n\n"
+    for cut in range(1, len(whole), 7):
+        assert _read_events(whole[:cut], whole[cut:]) == want, cut
+    # Past [DONE] nothing counts; a last event the body ends without ending still does.
+    assert _read_events(one + b"data: [DONE]\n\n" + two) == want[:1]
+    assert _read_events(one, two.rstrip()) == want
+    with pytest.raises(EngineUnavailable, match="malformed"):
+        _read_events(one, b'data: {"choices": [\n\n')
