@@ -171,6 +171,7 @@ def _rows(config: Path) -> list[object]:
 
     from paperlane.settings import load_settings
     from paperlane.storage.db import Database
+    from paperlane.storage.localfs import LocalStore
     from paperlane.storage.tables import JobRow
 
     db = Database(load_settings(config).database_url)
@@ -283,3 +284,39 @@ def test_paperlane_run_starts_feeders_for_an_engine_server_only(caplog: pytest.L
         caplog.clear()
         assert run_feeder_count(settings(kind, 3), 64) == 1
         assert f"paperlane run keeps one feeding process for engine {kind.value}" in caplog.text
+
+
+@pytest.mark.processes
+def test_a_page_handed_to_a_feeding_process_that_just_died_goes_back_with_its_others(tmp_path: Path) -> None:
+    # The run can hand a page to a feeding process killed since its last look (its sentinel not yet seen): the
+    # pipe is broken. That page is the dead process's like the pages it held, not an exception that ends the run
+    # without a word (the run exited 1 without its "died" line about once in 14 runs of the test above).
+    import multiprocessing
+    import time
+
+    from paperlane.storage.db import Database
+    from paperlane.storage.localfs import LocalStore
+    from paperlane.workers.embedded import Handout
+    from paperlane.workers.run_feeders import RunFeeders, _Feeder
+
+    ctx = multiprocessing.get_context("spawn")
+    inbox_r, inbox_w = ctx.Pipe(duplex=False)
+    outbox_r, outbox_w = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=time.sleep, args=(60,))
+    proc.start()
+    outbox_w.close()
+    feeder = _Feeder("run-feeder-1", proc, inbox_w, outbox_r, slots=2)
+    db = Database(f"sqlite:///{tmp_path / 'run.db'}")
+    db.upgrade()
+    feeders = RunFeeders([feeder], db)
+    page = next(iter(submit_documents(pages(1), db=db, store=LocalStore(tmp_path / "objects"), spec=TaskSpec())))
+    try:
+        proc.kill()
+        proc.join()
+        inbox_r.close()  # the dead process's end of its pipe: nothing reads it any more
+        feeders.hand(Handout(page, "p1"))
+        [(handout, reported)] = feeders.reports(timeout=5)
+        assert handout.page.job_id == page.job_id and reported.lost
+        assert feeders.broken is not None and "died (killed by signal 9) holding 1 pages" in feeders.broken
+    finally:
+        feeders.close()

@@ -137,7 +137,10 @@ class RunFeeders:
     def hand(self, handout: Handout) -> None:
         feeder = max(self.feeders, key=self._room)  # the emptiest: pages spread evenly over the processes
         feeder.held[handout.page.job_id] = handout
-        feeder.inbox.send(handout)
+        try:
+            feeder.inbox.send(handout)
+        except OSError:  # it died since the last reports (a broken pipe): the next says so, this page with its others
+            log.debug("%s is gone: job %s goes back with the pages it held", feeder.name, handout.page.job_id)
 
     def reports(self, timeout: float | None) -> list[tuple[Handout, Reported]]:
         live = [f for f in self.feeders if not f.dead]
