@@ -128,6 +128,15 @@ def test_a_workers_result_is_built_on_the_pool_and_comes_back_without_its_lines(
     with rt.db.session() as s:
         assert s.scalar(select(ResultRow.line_count).where(ResultRow.job_id == page.job_id)) == 1
     assert b"hello" in rt.store.get(document_key(page.document_id, OutputFormat.MD))
+    # The preview was drawn on from its file (workers.previews), which the attempt removed, as it does a failed
+    # page's: nothing stays behind for the pool's folder.
+    failing = runtime_factory(FlakyEngine(permanent=True), WORKER__PREPROCESS_PROCESSES="1",
+                              DATA_DIR=str(rt.settings.data_dir) + "-failing")
+    failed = AttemptRunner(failing, RetryPolicy.of(failing.settings.worker), worker="w2", lease=30,
+                           outputs=None).run(_message(_registered(failing)))
+    assert failed is not None and failed.decision.action is not Action.DONE
+    for runtime in (rt, failing):
+        assert runtime.pool._previews is not None and list(runtime.pool._previews.iterdir()) == []
 
 
 def test_a_document_reads_a_page_from_the_json_it_is_handed_before_the_stores_copy(runtime_factory) -> None:  # noqa: F811

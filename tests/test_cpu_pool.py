@@ -93,3 +93,35 @@ def test_the_page_number_reaches_a_pool_process_and_the_urgent_lane(tmp_path: Pa
         assert str(missing.error) == "no page 3 in this PDF (2 pages)"
     finally:
         pool.close()
+
+
+@pytest.mark.processes
+def test_a_preview_cut_on_a_pool_process_waits_in_a_file_not_in_the_pipes(tmp_path: Path) -> None:
+    # The preview (700 kB an A4 page) went to the feeding process and back through the pipes: 2.3 ms of CPU a page.
+    # Now the page carries a file name; the pixels are those cut in the process.
+    import numpy as np
+
+    from paperlane.workers.preprocess import prepare_page
+    from paperlane.workers.previews import SpooledPreview
+
+    settings = Settings(data_dir=tmp_path / "data", worker=WorkerSettings(preprocess_processes=1))
+    store = open_store(settings)
+    original = a4_grey_jpeg(sample_lines(1))
+    store.put("originals/a.jpg", original)
+    pool = CpuPool(settings, store=store)
+    try:
+        urgent = pool.submit("originals/a.jpg", VLM_SPEC, urgent=True).result().page
+        page = pool.submit("originals/a.jpg", VLM_SPEC).result().page
+        assert page is not None and urgent is not None
+        spooled = page.preview
+        assert isinstance(spooled, SpooledPreview) and isinstance(urgent.preview, SpooledPreview)
+        here = prepare_page(original, VLM_SPEC, preview_side=settings.worker.annotated_max_side).preview
+        assert isinstance(here, np.ndarray) and np.array_equal(spooled.load(), here)
+        folder = Path(spooled.path).parent
+        assert sorted(folder.iterdir()) == sorted(Path(p.path) for p in (spooled, urgent.preview))
+        spooled.discard()
+        with pytest.raises(OSError):
+            spooled.load()
+    finally:
+        pool.close()
+    assert not folder.exists()  # the pool's folder goes with it

@@ -25,19 +25,22 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import shutil
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
 
 from paperlane import heap
 from paperlane.bounded import BoundedPool, ProcessDied, TaskFailed, TaskTimedOut
-from paperlane.errors import INTERNAL_REASON, OutOfMemory, OverLimit, PaperlaneError
+from paperlane.errors import INTERNAL_REASON, OutOfMemory, OverLimit, PaperlaneError, StorageUnavailable
 from paperlane.models.engine import InputSpec
 from paperlane.settings import ImageFormat, Settings
 from paperlane.storage.objects import ObjectStore, open_store
@@ -46,6 +49,7 @@ from paperlane.workers.doccache import OpenDocuments, Source, Spool, read_whole,
 from paperlane.workers.input_limits import Limits
 from paperlane.workers.page_store import Finish, Finished, Stored, finish_objects
 from paperlane.workers.preprocess import PreparedPage, prepare_page
+from paperlane.workers.previews import SpooledPreview
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +57,8 @@ T = TypeVar("T")
 
 _store: ObjectStore | None = None
 _documents: OpenDocuments | None = None
+_previews: Path | None = None  # where this process leaves the previews it cuts (``workers.previews``)
+_spool_warned = False
 _memory_limit = 0  # this process's memory limit for one page (bytes; 0: none)
 
 
@@ -69,8 +75,8 @@ class Prepared:
     traceback: str | None = None
 
 
-def _init_process(settings: Settings, niced: bool) -> None:
-    global _store, _documents, _memory_limit
+def _init_process(settings: Settings, niced: bool, previews: str) -> None:
+    global _store, _documents, _memory_limit, _previews
     # One ONNX/OpenCV thread per pool process: the pool itself is the parallelism.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if niced:
@@ -78,6 +84,7 @@ def _init_process(settings: Settings, niced: bool) -> None:
         # interactive pages: throughput is the same, latency under load much better.
         os.nice(5)
     _memory_limit = settings.worker.render_memory_bytes
+    _previews = Path(previews)
     import cv2
 
     cv2.setNumThreads(1)
@@ -108,6 +115,8 @@ def _prepare_key(key: str, page_number: int, spec: InputSpec, limits: Limits, pr
         else:
             page = prepare_page(read_whole(store, key, limits.max_bytes), spec, limits, page=page_number,
                                 preview_side=preview_side)
+        if _previews is not None and isinstance(page.preview, np.ndarray):
+            page.preview = _spooled(page.preview, _previews)
         return Prepared(page, None, time.perf_counter() - t0)
     except OutOfMemory as exc:
         # Under this process's own memory limit running out is the page's doing, not the machine's.
@@ -124,10 +133,27 @@ def _prepare_key(key: str, page_number: int, spec: InputSpec, limits: Limits, pr
                         traceback.format_exc())
 
 
-def _finish_in_process(finish: Finish, preview: np.ndarray | None, fmt: ImageFormat, timings: dict[str, float],
-                       image_back: bool, result_back: bool) -> Finished:
-    """``page_store.finish_objects`` with this pool process's store client."""
+def _spooled(preview: np.ndarray, folder: Path) -> np.ndarray | SpooledPreview:
+    global _spool_warned
+    try:
+        return SpooledPreview.write(folder, preview)
+    except OSError as exc:  # the folder full or gone: the preview goes through the pipe as before
+        if not _spool_warned:  # once a process, not once a page
+            log.warning("preview not written to %s (%s): previews go through the pool's pipes", folder, exc)
+            _spool_warned = True
+        return preview
+
+
+def _finish_in_process(finish: Finish, preview: np.ndarray | SpooledPreview | None, fmt: ImageFormat,
+                       timings: dict[str, float], image_back: bool, result_back: bool) -> Finished:
+    """``page_store.finish_objects`` with this pool process's store client, the preview read from its file."""
     assert _store is not None, "pool process not initialised"
+    if isinstance(preview, SpooledPreview):
+        try:
+            preview = preview.load()
+        except OSError as exc:  # removed under it (the temp folder cleaned): prepared again on the next attempt
+            return Finished(Stored(None, error=StorageUnavailable(f"the page's preview is gone ({exc})",
+                                                                  stage="store")))
     return finish_objects(_store, finish, preview, fmt=fmt, timings=timings, image_back=image_back,
                           result_back=result_back)
 
@@ -184,16 +210,19 @@ class CpuPool:
                  else f"{cpus:g} CPUs usable, less {WORKER_OWN_CPUS} for the worker itself",
                  cfg.urgent_processes if self._processes else 0)
         self._threads: tuple[ThreadPoolExecutor, ThreadPoolExecutor] | None = None  # batch, urgent
+        self._previews: Path | None = None  # the pool processes' previews (``workers.previews``)
         self._pool: BoundedPool | None = None
         self._urgent: BoundedPool | None = None
         if self._processes == 0:
             self._threads = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="preprocess"),
                              ThreadPoolExecutor(max_workers=2, thread_name_prefix="preprocess-urgent"))
         else:
+            self._previews = Path(tempfile.mkdtemp(prefix="paperlane-previews-"))
             bounds = partial(BoundedPool, memory_bytes=cfg.render_memory_bytes, timeout=cfg.render_timeout,
                              initializer=_init_process)
-            self._pool = bounds(self._processes, name="preprocess", initargs=(settings, True))
-            self._urgent = bounds(cfg.urgent_processes, name="preprocess-urgent", initargs=(settings, False))
+            self._pool = bounds(self._processes, name="preprocess", initargs=(settings, True, str(self._previews)))
+            self._urgent = bounds(cfg.urgent_processes, name="preprocess-urgent",
+                                  initargs=(settings, False, str(self._previews)))
 
     def submit(self, key: str, spec: InputSpec, *, page: int = 1, urgent: bool = False) -> Future[Prepared]:
         """Fetch the original ``key`` and prepare its page ``page`` (from 1: a PDF's page, a TIFF's frame)
@@ -230,7 +259,8 @@ class CpuPool:
             future.add_done_callback(lambda _: spool.release(key))
         return future
 
-    def finish(self, finish: Finish, preview: np.ndarray | None, *, timings: dict[str, float], urgent: bool = False,
+    def finish(self, finish: Finish, preview: np.ndarray | SpooledPreview | None, *, timings: dict[str, float],
+               urgent: bool = False,
                image_back: bool = False, result_back: bool = False) -> Future[Finished]:
         """Build a page's result from the engine's output and store its objects (``page_store.finish_objects``)
         on the pool, or the processes for interactive pages when ``urgent``: the process feeding the engine
@@ -238,6 +268,7 @@ class CpuPool:
         (a page whose process died: an OverLimit); it fails only when the pool is closed under it (cancelled)."""
         fmt = self._settings.worker.annotated_format
         if self._threads is not None:
+            assert not isinstance(preview, SpooledPreview), "pages prepared on threads keep their previews"
             return self._threads[1 if urgent else 0].submit(finish_objects, self._store, finish, preview, fmt=fmt,
                                                             timings=timings, image_back=image_back,
                                                             result_back=result_back)
@@ -266,6 +297,8 @@ class CpuPool:
         self._documents.close()
         if self._spool is not None:
             self._spool.close()
+        if self._previews is not None:
+            shutil.rmtree(self._previews, ignore_errors=True)
 
 
 def _mapped(inner: Future[T], failure: Callable[[TaskFailed, float], T], t0: float) -> Future[T]:

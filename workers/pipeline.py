@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import CancelledError
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
 
 from paperlane.errors import INTERNAL_REASON, OutOfMemory, PaperlaneError, WorkerStopping, public_reason
 from paperlane.metrics import PAGE_FLAGS, PAGES_GRADED
-from paperlane.models.engine import Capacity, Engine, EngineOutput, EngineRequest
+from paperlane.models.engine import Capacity, Engine, EngineOutput, EngineRequest, Outcome
 from paperlane.models.factory import build_engine
 from paperlane.priority.lanes import LEVELS_PER_LANE, Lane
 from paperlane.schemas import EngineInfo, JobStatus, PageResult, Quality, Stage, Task, TaskSpec
@@ -34,6 +34,7 @@ from paperlane.workers.cpu_pool import CpuPool, Prepared
 from paperlane.workers.outputs_pool import OutputsPool, writer_of
 from paperlane.workers.page_store import Finish
 from paperlane.workers.preprocess import PreparedPage
+from paperlane.workers.previews import SpooledPreview
 
 log = logging.getLogger(__name__)
 
@@ -149,22 +150,34 @@ def _through_pipeline(rt: Runtime, job: JobRow, timings: dict[str, float]) -> Pa
     spec = task_spec(job)
     urgent = job.lane == Lane.INTERACTIVE.value  # never queue behind the backlog's preprocessing
     rt.batcher.expect()
-    pending = None
-    kept = None
+    pending: Future[tuple[Outcome, float]] | None = None
+    prep: Prepared | None = None
     try:
-        prep = _prepared(rt, job, urgent=urgent)
-        timings[Stage.PREPROCESS.value] = prep.seconds
-        ready = time.perf_counter()
-        # A retried page may have been answered already (its worker died before storing the result).
-        kept = rt.answers.get(job.id) if rt.answers is not None and job.attempts > 1 else None
-        if prep.page is not None and kept is None:
-            pending = rt.batcher.submit(EngineRequest(image=prep.page.image, spec=spec, priority=job.message_priority,
-                                                      urgent=urgent), priority=job.message_priority)
+        try:
+            prep = _prepared(rt, job, urgent=urgent)
+            timings[Stage.PREPROCESS.value] = prep.seconds
+            ready = time.perf_counter()
+            # A retried page may have been answered already (its worker died before storing the result).
+            kept = rt.answers.get(job.id) if rt.answers is not None and job.attempts > 1 else None
+            if prep.page is not None and kept is None:
+                pending = rt.batcher.submit(EngineRequest(image=prep.page.image, spec=spec,
+                                                          priority=job.message_priority, urgent=urgent),
+                                            priority=job.message_priority)
+        finally:
+            # Batches wait for every page announced and not submitted: a page that will not come must be
+            # taken back on every path, or each later batch waits its full batch_wait for it.
+            if pending is None:
+                rt.batcher.unexpect()
+        return _answered(rt, job, spec, prep, pending, kept, ready, timings)
     finally:
-        # Batches wait for every page announced and not submitted: a page that will not come must be
-        # taken back on every path, or each later batch waits its full batch_wait for it.
-        if pending is None:
-            rt.batcher.unexpect()
+        if prep is not None and prep.page is not None and isinstance(prep.page.preview, SpooledPreview):
+            prep.page.preview.discard()  # drawn on or not, the attempt is over
+
+
+def _answered(rt: Runtime, job: JobRow, spec: TaskSpec, prep: Prepared, pending: Future[tuple[Outcome, float]] | None,
+              kept: EngineOutput | None, ready: float, timings: dict[str, float]) -> PageOutcome:
+    """The rest of ``_through_pipeline`` once the page is prepared: its engine answer (or the one ``kept``), then
+    its result and rows."""
     if prep.page is not None and kept is not None:
         log.info("job %s: the engine's answer from an earlier attempt is used", job.id)
         timings[Stage.INFERENCE.value] = kept.seconds or 0.0

@@ -29,6 +29,7 @@ from paperlane.schemas import Stage
 from paperlane.workers.fit import engine_input, fit_to_engine, grey_preview
 from paperlane.workers.input_limits import Limits, check_file_size
 from paperlane.workers.pdf_pages import PdfFile, pdf_page_pixels, render_pdf_page
+from paperlane.workers.previews import SpooledPreview
 from paperlane.workers.raster import (
     dct_reduction,
     decode,
@@ -53,7 +54,8 @@ class PreparedPage:
     image: PreparedImage
     width: int
     height: int
-    preview: np.ndarray | None = None  # grey, at most preview_side px: the annotated image is drawn on it
+    # Grey, at most preview_side px: the annotated image is drawn on it. A pool process leaves it in a file.
+    preview: np.ndarray | SpooledPreview | None = None
 
 
 def prepare_page(data: bytes, spec: InputSpec, limits: Limits = Limits(), *, page: int = 1,
