@@ -136,7 +136,7 @@ def test_a_workers_result_is_built_on_the_pool_and_comes_back_without_its_lines(
                            outputs=None).run(_message(_registered(failing)))
     assert failed is not None and failed.decision.action is not Action.DONE
     for runtime in (rt, failing):
-        assert runtime.pool._previews is not None and list(runtime.pool._previews.iterdir()) == []
+        assert runtime.pool._previews is not None and not list(runtime.pool._previews.path.glob("*.raw"))
 
 
 def test_a_document_reads_a_page_from_the_json_it_is_handed_before_the_stores_copy(runtime_factory) -> None:  # noqa: F811

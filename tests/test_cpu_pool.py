@@ -118,10 +118,41 @@ def test_a_preview_cut_on_a_pool_process_waits_in_a_file_not_in_the_pipes(tmp_pa
         here = prepare_page(original, VLM_SPEC, preview_side=settings.worker.annotated_max_side).preview
         assert isinstance(here, np.ndarray) and np.array_equal(spooled.load(), here)
         folder = Path(spooled.path).parent
-        assert sorted(folder.iterdir()) == sorted(Path(p.path) for p in (spooled, urgent.preview))
+        assert sorted(folder.glob("*.raw")) == sorted(Path(p.path) for p in (spooled, urgent.preview))
         spooled.discard()
         with pytest.raises(OSError):
             spooled.load()
     finally:
         pool.close()
     assert not folder.exists()  # the pool's folder goes with it
+
+
+@pytest.mark.processes
+def test_a_killed_workers_preview_folder_is_removed_by_the_next_pool_and_a_live_ones_is_not(tmp_path: Path) -> None:
+    import subprocess
+    import tempfile
+
+    from paperlane.workers.previews import PreviewFolder
+
+    # A process that makes its folder (and holds its lock) is killed: its folder stays, until a pool starts.
+    code = ("from paperlane.workers.previews import PreviewFolder; import time; "
+            "print(PreviewFolder().path, flush=True); time.sleep(60)")
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None
+    dead = Path(proc.stdout.readline().strip())
+    proc.kill()
+    proc.wait()
+    assert dead.is_dir()
+    before = tempfile.tempdir
+    tempfile.tempdir = str(tmp_path)
+    try:
+        live = PreviewFolder()
+        assert dead.parent == tmp_path and not dead.exists() and live.path.exists()
+        other = PreviewFolder()  # a second pool on the host leaves the first's folder alone
+        assert live.path.exists() and other.path.exists()
+        other.close()
+        live.close()
+        assert not live.path.exists()
+    finally:
+        tempfile.tempdir = before

@@ -25,8 +25,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import shutil
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -49,7 +47,7 @@ from paperlane.workers.doccache import OpenDocuments, Source, Spool, read_whole,
 from paperlane.workers.input_limits import Limits
 from paperlane.workers.page_store import Finish, Finished, Stored, finish_objects
 from paperlane.workers.preprocess import PreparedPage, prepare_page
-from paperlane.workers.previews import SpooledPreview
+from paperlane.workers.previews import PreviewFolder, SpooledPreview
 
 log = logging.getLogger(__name__)
 
@@ -210,19 +208,19 @@ class CpuPool:
                  else f"{cpus:g} CPUs usable, less {WORKER_OWN_CPUS} for the worker itself",
                  cfg.urgent_processes if self._processes else 0)
         self._threads: tuple[ThreadPoolExecutor, ThreadPoolExecutor] | None = None  # batch, urgent
-        self._previews: Path | None = None  # the pool processes' previews (``workers.previews``)
+        self._previews: PreviewFolder | None = None  # the pool processes' previews (``workers.previews``)
         self._pool: BoundedPool | None = None
         self._urgent: BoundedPool | None = None
         if self._processes == 0:
             self._threads = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="preprocess"),
                              ThreadPoolExecutor(max_workers=2, thread_name_prefix="preprocess-urgent"))
         else:
-            self._previews = Path(tempfile.mkdtemp(prefix="paperlane-previews-"))
+            self._previews = PreviewFolder()
+            folder = str(self._previews.path)
             bounds = partial(BoundedPool, memory_bytes=cfg.render_memory_bytes, timeout=cfg.render_timeout,
                              initializer=_init_process)
-            self._pool = bounds(self._processes, name="preprocess", initargs=(settings, True, str(self._previews)))
-            self._urgent = bounds(cfg.urgent_processes, name="preprocess-urgent",
-                                  initargs=(settings, False, str(self._previews)))
+            self._pool = bounds(self._processes, name="preprocess", initargs=(settings, True, folder))
+            self._urgent = bounds(cfg.urgent_processes, name="preprocess-urgent", initargs=(settings, False, folder))
 
     def submit(self, key: str, spec: InputSpec, *, page: int = 1, urgent: bool = False) -> Future[Prepared]:
         """Fetch the original ``key`` and prepare its page ``page`` (from 1: a PDF's page, a TIFF's frame)
@@ -298,7 +296,7 @@ class CpuPool:
         if self._spool is not None:
             self._spool.close()
         if self._previews is not None:
-            shutil.rmtree(self._previews, ignore_errors=True)
+            self._previews.close()
 
 
 def _mapped(inner: Future[T], failure: Callable[[TaskFailed, float], T], t0: float) -> Future[T]:
