@@ -127,32 +127,38 @@ def test_a_preview_cut_on_a_pool_process_waits_in_a_file_not_in_the_pipes(tmp_pa
     assert not folder.exists()  # the pool's folder goes with it
 
 
+_MAKERS = {  # how a worker makes its folders (kept open in ``made``): the pool's previews, its spool's PDF copies
+    "previews": ("from paperlane.workers.previews import FOLDER_PREFIX; from paperlane.workers.scratch import "
+                 "ScratchFolder; made = ScratchFolder(FOLDER_PREFIX); folder = made.path"),
+    "pdfs": ("from pathlib import Path; from paperlane.storage.localfs import LocalStore; from "
+             "paperlane.workers.doccache import Spool; made = Spool(LocalStore(Path('objects')), budget=1, "
+             "max_bytes=1); folder = made._folder"),
+}
+
+
 @pytest.mark.processes
-def test_a_killed_workers_preview_folder_is_removed_by_the_next_pool_and_a_live_ones_is_not(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", sorted(_MAKERS))
+def test_a_killed_workers_folder_goes_when_the_next_is_made_and_a_live_ones_stays(tmp_path: Path, kind: str) -> None:
     import subprocess
-    import tempfile
 
-    from paperlane.workers.previews import PreviewFolder
-
-    # A process that makes its folder (and holds its lock) is killed: its folder stays, until a pool starts.
-    code = ("from paperlane.workers.previews import PreviewFolder; import time; "
-            "print(PreviewFolder().path, flush=True); time.sleep(60)")
-    env = {**os.environ, "TMPDIR": str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    # A process that makes its folder (and holds its lock) is killed: its folder stays, until the next is made.
+    code = _MAKERS[kind] + "; import time; print(folder, flush=True); time.sleep(60)"
+    run = {"env": {**os.environ, "TMPDIR": str(tmp_path)}, "cwd": tmp_path}
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, **run)
     assert proc.stdout is not None
     dead = Path(proc.stdout.readline().strip())
     proc.kill()
     proc.wait()
-    assert dead.is_dir()
-    before = tempfile.tempdir
-    tempfile.tempdir = str(tmp_path)
+    assert dead.is_dir() and dead.parent == tmp_path
+    # The next one made removes it; a live one (here: held by a process still running) stays.
+    live = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, **run)
     try:
-        live = PreviewFolder()
-        assert dead.parent == tmp_path and not dead.exists() and live.path.exists()
-        other = PreviewFolder()  # a second pool on the host leaves the first's folder alone
-        assert live.path.exists() and other.path.exists()
-        other.close()
-        live.close()
-        assert not live.path.exists()
+        assert live.stdout is not None
+        held = Path(live.stdout.readline().strip())
+        assert not dead.exists() and held.is_dir()
+        after = subprocess.run([sys.executable, "-c", _MAKERS[kind] + "; print(folder)"], capture_output=True,
+                               text=True, check=True, **run)
+        assert held.is_dir() and Path(after.stdout.strip()) != held
     finally:
-        tempfile.tempdir = before
+        live.kill()
+        live.wait()

@@ -47,7 +47,8 @@ from paperlane.workers.doccache import OpenDocuments, Source, Spool, read_whole,
 from paperlane.workers.input_limits import Limits
 from paperlane.workers.page_store import Finish, Finished, Stored, finish_objects
 from paperlane.workers.preprocess import PreparedPage, prepare_page
-from paperlane.workers.previews import PreviewFolder, SpooledPreview
+from paperlane.workers.previews import FOLDER_PREFIX, SpooledPreview
+from paperlane.workers.scratch import ScratchFolder
 
 log = logging.getLogger(__name__)
 
@@ -208,14 +209,14 @@ class CpuPool:
                  else f"{cpus:g} CPUs usable, less {WORKER_OWN_CPUS} for the worker itself",
                  cfg.urgent_processes if self._processes else 0)
         self._threads: tuple[ThreadPoolExecutor, ThreadPoolExecutor] | None = None  # batch, urgent
-        self._previews: PreviewFolder | None = None  # the pool processes' previews (``workers.previews``)
+        self._previews: ScratchFolder | None = None  # the pool processes' previews (``workers.previews``)
         self._pool: BoundedPool | None = None
         self._urgent: BoundedPool | None = None
         if self._processes == 0:
             self._threads = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="preprocess"),
                              ThreadPoolExecutor(max_workers=2, thread_name_prefix="preprocess-urgent"))
         else:
-            self._previews = PreviewFolder()
+            self._previews = ScratchFolder(FOLDER_PREFIX)
             folder = str(self._previews.path)
             bounds = partial(BoundedPool, memory_bytes=cfg.render_memory_bytes, timeout=cfg.render_timeout,
                              initializer=_init_process)
@@ -258,8 +259,7 @@ class CpuPool:
         return future
 
     def finish(self, finish: Finish, preview: np.ndarray | SpooledPreview | None, *, timings: dict[str, float],
-               urgent: bool = False,
-               image_back: bool = False, result_back: bool = False) -> Future[Finished]:
+               urgent: bool = False, image_back: bool = False, result_back: bool = False) -> Future[Finished]:
         """Build a page's result from the engine's output and store its objects (``page_store.finish_objects``)
         on the pool, or the processes for interactive pages when ``urgent``: the process feeding the engine
         neither post-processes, draws nor serialises. The future's result is a ``Finished``, whatever happened

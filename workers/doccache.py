@@ -26,8 +26,6 @@ import hashlib
 import logging
 import mmap
 import os
-import shutil
-import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -42,6 +40,7 @@ from paperlane.storage.reader import ObjectReader
 from paperlane.workers.input_limits import Limits
 from paperlane.workers.pdf_pages import PDFIUM_LOCK, PdfFile, open_pdf
 from paperlane.workers.preprocess import PreparedPage, prepare_pdf_page
+from paperlane.workers.scratch import ScratchFolder
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +105,8 @@ class Spool:
         """``ranged_above``: PDFs larger than this are read by range, not downloaded (None: none are)."""
         self._store, self._budget, self._max_bytes = store, budget, max_bytes
         self._ranged_above = ranged_above
-        self._folder = Path(tempfile.mkdtemp(prefix="paperlane-pdfs-"))
+        self._scratch = ScratchFolder("paperlane-pdfs-")  # a killed worker's copies go with the next worker
+        self._folder = self._scratch.path
         self._lock = threading.Lock()
         self._files: OrderedDict[str, _Spooled] = OrderedDict()  # least recently used first
         self._bytes = 0
@@ -194,7 +194,7 @@ class Spool:
         return self._bytes
 
     def close(self) -> None:
-        shutil.rmtree(self._folder, ignore_errors=True)
+        self._scratch.close()
 
 
 class OpenDocuments:
