@@ -25,10 +25,13 @@ page break, an equation or a figure in between starts a new block, so that a blo
 OmniDocBench's are, and best-order CER and region-order edit distance mean the same on both sets.
 
 The pages are 72 dpi, text 8 to 11 pixels high, too small for RapidOCR's detector: :func:`load` gives each
-page :data:`SCALE` (3, about 216 dpi), and the truth's boxes are scaled with it. Every page is only measured
-on (paperlane's ordering was developed on OmniDocBench's develop half and made pages); its row is the page's
-layout: two-column where at least three lines of running text lie in each half of the page, single-column
-otherwise (a page that is one figure and its caption counts here).
+page :data:`SCALE` (3, about 216 dpi), and the truth's boxes are scaled with it. The papers are split in two
+by a hash of each paper's name (``public_pages.half``; a paper's pages share its template, so they stay on one
+side): three ACL Anthology papers and three arXiv papers to develop on, three ACL Anthology papers and one arXiv
+paper only measured on. Until stop 36 every page was only measured on. The split was made before any page was
+looked at or any rule changed for one (one run had printed the figures of every ACL Anthology page). Each half's
+rows are the pages' layouts: two-column where at least three lines of running text lie in each half of the page,
+single-column otherwise (a page that is one figure and its caption counts here).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from typing import Any
 
 from PIL import Image
 
+from benchmarks import public_pages
 from benchmarks.public_pages import TEXT_KINDS, Box, PublicPage, TruthBlock
 from paperlane.layout import union_box
 
@@ -90,9 +94,10 @@ def _page(path: Path, number: int, image: Path, lines: list[dict[str, Any]], sca
         width, height = img.size
     blocks = tuple(_blocks(lines, number, scale))
     layout = "double_column" if _two_columns(lines, number, width) else "single_column"
-    group = "hrdoc-two-column" if layout == "double_column" else "hrdoc-single-column"
+    half = public_pages.half(path.stem)  # by paper: a paper's pages share its template
+    group = f"hrdoc-{half}-{'two' if layout == 'double_column' else 'single'}-column"
     return PublicPage(f"{path.stem}_{number}", image, "english", layout, f"hrdoc-{path.parent.name}",
-                      (width * scale, height * scale), blocks, half="measure", group=group, scale=scale)
+                      (width * scale, height * scale), blocks, half=half, group=group, scale=scale)
 
 
 def _kind(lines: list[dict[str, Any]], i: int) -> str:

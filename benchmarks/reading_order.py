@@ -6,8 +6,9 @@
 ``--public``: pages nobody tuned for, from a public set with its reading order: OmniDocBench's layout
 annotations (``benchmarks/public_pages.py`` says where to get them and what is scored) or HRDoc's examples
 (``benchmarks/hrdoc_pages.py``), the folder's format told from its files. OmniDocBench's pages are split by
-name into a half to develop on and a half only measured on; HRDoc's are all measured on, a row per layout
-(two-column, single-column). Every row has the ordered CER of ``text``, the same lines' best-order CER
+name into a half to develop on and a half only measured on, HRDoc's by paper, each half in a row per layout
+(two-column, single-column). Every line the engine found is ordered, as in the pipeline, and the lines in areas
+the truth leaves out are dropped afterwards. Every row has the ordered CER of ``text``, the same lines' best-order CER
 (each line placed by the true block it overlaps most), the order-free character and word F1, the
 region-order edit distance, and the ordering step's CPU ms per page.
 

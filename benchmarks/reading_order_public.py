@@ -85,14 +85,16 @@ def best_order(lines: list[Line], page: PublicPage) -> list[Line]:
 
 def score(page: PublicPage, lines: list[Line], regions: list[Found], order: Order, *, split: bool) -> Score:
     """The page's figures in ``order``; with ``split``, its lines are first cut at gutters as the pipeline cuts
-    them (``gutters.split_at_gutters``, timed with the order). The best order is that of the same lines, in
-    the engine's order within each true block."""
-    lines = kept(lines, page)
+    them (``gutters.split_at_gutters``, timed with the order). Every line the engine found is ordered, as the
+    pipeline orders them, and those in areas the truth leaves out are then dropped from the text scored (ordering
+    only the kept lines would make another page: one where a table's or a figure's text is not there to keep a
+    column whole). The best order is that of the same kept lines, in the engine's order within each true block."""
     t0 = time.process_time()
     if split:
         lines = split_at_gutters(lines)
-    ordered = order(lines, regions, page)
+    ordered = kept(order(lines, regions, page), page)
     cpu = (time.process_time() - t0) * 1000
+    lines = kept(lines, page)
     text = "\n".join(ln.text for ln in ordered)
     truth = page.text
     visits = [v for v in (page.block_of(quad_box(ln.quad or [])) for ln in ordered) if v is not None]

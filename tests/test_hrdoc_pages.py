@@ -75,7 +75,8 @@ def test_a_page_is_its_running_text_in_blocks_scaled(folder: Path) -> None:
     assert [p.name for p in load(folder)] == ["paper_0", "paper_1"]
     page = _page(folder, "paper_0")
     assert (page.size, page.scale, page.half, page.layout) == ((300, 240), 3, "measure", "double_column")
-    assert page.group == "hrdoc-two-column" and _page(folder, "paper_1").group == "hrdoc-single-column"
+    # The half is the paper's ("paper" hashes to the measure half), the row its half and the page's layout.
+    assert page.group == "hrdoc-measure-two-column" and _page(folder, "paper_1").group == "hrdoc-measure-single-column"
     # The equation breaks the paragraph, and so does the column break; the caption keeps its second line,
     # the footnote and the page number are left out.
     assert [b.text.split("\n") for b in page.truth] == [
@@ -110,13 +111,33 @@ def test_lines_read_out_of_order_score_worse(folder: Path) -> None:
                                         [3 * ln["box"][2], 3 * ln["box"][3]], [3 * ln["box"][0], 3 * ln["box"][3]]])
             for ln in LINES if ln["page"] == 0]
 
-    def as_given(lines: list[Line], regions: list[Found], page: PublicPage) -> list[Line]:
-        return lines
-
     def columns_swapped(lines: list[Line], regions: list[Found], page: PublicPage) -> list[Line]:
         return sorted(lines, key=lambda ln: ln.quad[0][0] < 150 if ln.quad else False)
 
-    right = score(page, read, [], as_given, split=False)
+    given: list[str] = []
+
+    def recorded(lines: list[Line], regions: list[Found], page: PublicPage) -> list[Line]:
+        given.extend(ln.text for ln in lines)
+        return lines
+
+    right = score(page, read, [], recorded, split=False)
     wrong = score(page, read, [], columns_swapped, split=False)
+    # The order is given every line read, as the pipeline's is; those the truth leaves out are dropped after it.
+    assert "x = y + 1" in given and "1 a footnote" in given
     assert right.cer == 0 and right.best == 0 and right.regions == 0 and right.chars == 1
     assert wrong.cer > 0.2 and wrong.best == 0 and wrong.regions > 0 and wrong.chars == 1
+
+
+def test_the_halves_go_by_paper(folder: Path) -> None:
+    other = folder / "HRDS" / "ACL_2020.acl-main.5"  # a name that hashes to the develop half
+    other.mkdir()
+    (folder / "HRDS" / "ACL_2020.acl-main.5.json").write_text(json.dumps(LINES))
+    for page in (0, 1):
+        Image.new("RGB", (100, 80), "white").save(other / f"ACL_2020.acl-main.5_{page}.jpg", format="PNG")
+
+    halves = {(p.name.rsplit("_", 1)[0], p.half, p.group) for p in load(folder)}
+
+    assert halves == {("paper", "measure", "hrdoc-measure-two-column"),
+                      ("paper", "measure", "hrdoc-measure-single-column"),
+                      ("ACL_2020.acl-main.5", "develop", "hrdoc-develop-two-column"),
+                      ("ACL_2020.acl-main.5", "develop", "hrdoc-develop-single-column")}
