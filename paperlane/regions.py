@@ -3,8 +3,11 @@
     order_regions(lines, regions, *, page_size, settings) -> (lines, blocks)
 
 ``regions`` are boxes with a kind, in the page's original pixels (``paperlane.models.layout_model``). Each
-line goes to the smallest region that holds at least half of it (the inner of nested ones); lines in no region
-are grouped as ``paperlane.layout`` groups them, each group a region of its own. Then:
+line goes to the smallest region that holds at least half of it, or half of which it holds (the inner of nested
+ones), and its box is cut to that region's (give or take ``region_slack``: the detector runs a line on across
+a gutter now and then); lines in no region are grouped as ``paperlane.layout`` groups them, each group a region
+of its own (the lines of a "figure" that is text, grouped among themselves). A figure, table or formula with no
+line in it still takes its place on the page in the cuts below. Then:
 
 1. Running heads (``header``) are read first and running feet and page numbers (``footer``) last, each kept
    with its kind; ``layout.margins = "omit"`` leaves them out of ``text`` (they stay in the lines and blocks).
@@ -55,6 +58,7 @@ KINDS = {"text": BlockKind.PARAGRAPH, "reference": BlockKind.PARAGRAPH, "title":
 _TEXT = frozenset({BlockKind.PARAGRAPH, BlockKind.HEADING, BlockKind.CAPTION})
 _FIGURE_LINES = 4  # a figure holding more lines than this is read as text: its lines go by their geometry
 _FIRST, _LAST = frozenset({BlockKind.HEADER}), frozenset({BlockKind.FOOTER, BlockKind.PAGE_NUMBER})
+_PICTURES = frozenset({"figure", "table", "equation"})
 
 
 @dataclass(frozen=True)
@@ -84,12 +88,17 @@ def order_regions(lines: Sequence[Line], regions: Sequence[Found], *, page_size:
         return order_lines(lines, page_height=page_size[1], settings=settings)
     regions = _plausible(regions)
     placed = _assign(boxes, regions)
+    freed = [-1] * len(lines)  # the figure a line was taken from, as below (-1: none)
     for n, r in enumerate(regions):  # a "figure" full of lines is text the model took for a picture
-        if r.kind == "figure" and placed.count(n) > _FIGURE_LINES:
+        if r.kind == "figure" and _text_in_figure(r.box, [b for b, p in zip(boxes, placed) if p == n]):
+            freed = [n if p == n else f for p, f in zip(placed, freed)]
             placed = [None if p == n else p for p in placed]
+    boxes = [_clipped(b, regions[n].box, settings.region_slack * unit) if n is not None else b
+             for b, n in zip(boxes, placed)]
+    held = set(placed) | set(freed)  # the regions that had lines
     parts = [_Region(KINDS.get(r.kind, BlockKind.PARAGRAPH), r.box, [i for i, p in enumerate(placed) if p == n])
              for n, r in enumerate(regions)]
-    parts = [p for p in parts if p.lines] + _orphans(lines, boxes, placed, page_size, settings)
+    parts = [p for p in parts if p.lines] + _orphans(lines, boxes, placed, freed, page_size, settings)
     owner = {i: n for n, p in enumerate(parts) for i in p.lines}
     parts = [piece for n, p in enumerate(parts) for piece in _unmixed(p, n, boxes, owner)]
     parts = [piece for p in parts for piece in _columns_of(p, boxes, unit, settings)]
@@ -101,8 +110,13 @@ def order_regions(lines: Sequence[Line], regions: Sequence[Found], *, page_size:
     first = sorted((p for p in parts if p.kind in _FIRST), key=lambda p: (p.box[1], p.box[0]))
     last = sorted((p for p in parts if p.kind in _LAST), key=lambda p: (p.box[1], p.box[0]))
     body = [p for p in parts if p.kind not in _FIRST | _LAST]
+    # A figure, table or formula the model found no line in still takes its place on the page: left out of the
+    # cuts, captions on either side of it would be read as if nothing stood between them (a column of two captions
+    # beside a column of text).
+    body += [_Region(KINDS[r.kind], r.box, []) for n, r in enumerate(regions)
+             if n not in held and r.kind in _PICTURES]
     cut = _Cut(settings.region_slack * unit, settings.min_column_width * unit, settings.paragraph_gap * unit, rtl)
-    ordered = first + cut.order(body) + last
+    ordered = first + [p for p in cut.order(body) if p.lines] + last
     return _read(lines, ordered, page_size, settings)
 
 
@@ -147,6 +161,20 @@ def _columns_of(part: _Region, boxes: list[Box], unit: float, settings: LayoutSe
             for piece in pieces]
 
 
+def _text_in_figure(figure: Box, lines: list[Box]) -> bool:
+    """Whether the lines the model found in a "figure" are text it took for a picture: more than a few, and most
+    of them across at least half of it (a chart's labels and ticks are many but short)."""
+    return len(lines) > _FIGURE_LINES and statistics.median(b[2] - b[0] for b in lines) >= 0.5 * (figure[2] - figure[0])
+
+
+def _clipped(line: Box, region: Box, slack: float) -> Box:
+    """A line's box cut to its region's, give or take ``slack``: a line the detector drew on past its column's
+    edge, into the next column's lines, would leave no gutter between the two."""
+    x0, y0, x1, y1 = (max(line[0], region[0] - slack), max(line[1], region[1] - slack),
+                      min(line[2], region[2] + slack), min(line[3], region[3] + slack))
+    return (x0, y0, x1, y1) if x0 < x1 and y0 < y1 else line
+
+
 def _centre(b: Box) -> tuple[float, float]:
     return (b[0] + b[2]) / 2, (b[1] + b[3]) / 2
 
@@ -166,26 +194,31 @@ def _plausible(regions: Sequence[Found]) -> list[Found]:
 
 
 def _assign(boxes: list[Box], regions: Sequence[Found]) -> list[int | None]:
-    """Each line's region: the smallest of those holding at least half of it (where the model nests a region
-    inside a larger one, its loose box may hold a line's edge less than the outer one does: the inner region
-    is the more particular reading of the line)."""
+    """Each line's region: the smallest of those holding at least half of it, or half of which it holds (a page
+    number's box drawn tighter than its line's) (where the model nests a region inside a larger one, its loose
+    box may hold a line's edge less than the outer one does: the inner region is the more particular reading of
+    the line)."""
     placed: list[int | None] = []
     for box in boxes:
         area = max(1.0, (box[2] - box[0]) * (box[3] - box[1]))
-        holding = [n for n, r in enumerate(regions) if _overlap(box, r.box) >= 0.5 * area]
+        holding = [n for n, r in enumerate(regions) if _overlap(box, r.box) >= 0.5 * min(area, _area(r.box))]
         placed.append(min(holding, key=lambda n: _area(regions[n].box)) if holding else None)
     return placed
 
 
-def _orphans(lines: Sequence[Line], boxes: list[Box], placed: list[int | None], page_size: tuple[int, int],
-             settings: LayoutSettings) -> list[_Region]:
-    """The lines in no region, grouped into blocks as ``paperlane.layout`` groups them, each block a region."""
-    idx = [i for i, p in enumerate(placed) if p is None]
-    if not idx:
-        return []
-    groups = (line_groups([lines[i] for i in idx], page_height=page_size[1], settings=settings)
-              or [(BlockKind.PARAGRAPH, list(range(len(idx))))])
-    return [_Region(kind, union_box([boxes[idx[k]] for k in group]), [idx[k] for k in group]) for kind, group in groups]
+def _orphans(lines: Sequence[Line], boxes: list[Box], placed: list[int | None], freed: list[int],
+             page_size: tuple[int, int], settings: LayoutSettings) -> list[_Region]:
+    """The lines in no region, grouped into blocks as ``paperlane.layout`` groups them, each block a region; the
+    lines taken from a figure (``freed``: its number, else -1) are grouped among themselves, so that the labels
+    of two charts side by side do not make one block across the columns."""
+    out = []
+    for origin in sorted({f for p, f in zip(placed, freed) if p is None}):
+        idx = [i for i, p in enumerate(placed) if p is None and freed[i] == origin]
+        groups = (line_groups([lines[i] for i in idx], page_height=page_size[1], settings=settings)
+                  or [(BlockKind.PARAGRAPH, list(range(len(idx))))])
+        out += [_Region(kind, union_box([boxes[idx[k]] for k in group]), [idx[k] for k in group])
+                for kind, group in groups]
+    return out
 
 
 @dataclass

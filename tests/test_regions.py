@@ -298,3 +298,44 @@ def test_a_line_goes_to_the_inner_of_two_nested_regions_that_hold_it() -> None:
     read, _ = _read([*a, *b], [Found("text", _box(a + b)), *inner])
 
     assert read == _names(a, b)
+
+
+def test_a_line_drawn_past_its_column_into_the_next_does_not_join_the_columns() -> None:
+    top, left, right = _column("T", 100, 60, 480, 5), _column("A", 100, 230, 480, 14), _column("B", 620, 60, 480, 20)
+    regions = [Found("text", _box(top)), Found("text", _box(left)), Found("text", _box(right))]
+    # The detector ran one of the left column's lines on across the gutter, over a line of the right column.
+    left[8] = left[8].model_copy(update={"quad": _quad(100, 230 + 8 * (LINE_H + GAP), 760)})
+
+    read, _ = _read([*top, *left, *right], regions)
+
+    assert read == _names(top, left, right)
+
+
+def _chart(name: str, x: float, y: float) -> list[Line]:
+    """A chart's labels and ticks: many short lines over a figure 480 wide and 300 high."""
+    return [Line(text=f"{name}{k}", quad=_quad(x + (k % 3) * 180, y + (k // 3) * 70, 60)) for k in range(12)]
+
+
+def test_two_charts_side_by_side_keep_their_columns_apart() -> None:
+    a, b = _column("A", 100, 60, 480, 10), _column("B", 620, 60, 480, 10)
+    chart_l, chart_r = _chart("L", 100, 380), _chart("R", 620, 380)
+    c, d = _column("C", 100, 720, 480, 10), _column("D", 620, 720, 480, 10)
+    regions = [Found("text", _box(a)), Found("text", _box(b)), Found("figure", (94, 370, 586, 680)),
+               Found("figure", (614, 370, 1106, 680)), Found("text", _box(c)), Found("text", _box(d))]
+
+    read, _ = _read([*a, *b, *chart_l, *chart_r, *c, *d], regions)
+
+    assert read[:10] == _names(a) and read[-10:] == _names(d)
+    assert read.index("C0") < read.index("B0"), "the left column is read down to its end first"
+
+
+def test_a_figure_with_no_line_in_it_holds_its_column_s_place() -> None:
+    caption = [Line(text="Cap", quad=_quad(100, 520, 480))]
+    left = _column("L", 100, 560, 480, 14)
+    r1, r2 = _column("R", 620, 60, 480, 8), _column("S", 620, 340, 480, 22)
+    regions = [Found("figure", (94, 60, 586, 500)), Found("figure_caption", _box(caption)), Found("text", _box(left)),
+               Found("text", _box(r1)), Found("text", _box(r2))]
+
+    read, _ = _read([*caption, *left, *r1, *r2], regions)
+
+    assert read == _names(caption, left, r1, r2)
