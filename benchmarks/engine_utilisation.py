@@ -195,6 +195,41 @@ def _scan_pages(args: argparse.Namespace) -> Iterator[bytes]:
     return iter(list(stamped_scans(args.pages)))  # drawn before any clock starts
 
 
+@dataclass
+class _Turn:
+    """One arm's run in one round: its own folder and a fresh engine of the shape asked for."""
+
+    args: argparse.Namespace
+    root: Path
+    arm: int
+    label: str
+    round: int  # from 1
+    last: bool  # the only run of all (its log is kept at --log itself)
+    sim: Any = None
+
+    def measure(self, run: Any) -> tuple[Window, str]:
+        """``run(root, sim)`` against a fresh engine, stopped after; its window and the run's log (kept at --log)."""
+        self.sim = _start_sim(self.args, self.root)
+        try:
+            window = run(self.root, self.sim)
+        finally:
+            self.sim.stop()
+        log = (self.root / "paperlane.log").read_text(errors="replace")
+        if self.args.log:
+            Path(self.args.log if self.last else f"{self.args.log}.{self.round - 1}-{self.arm}").write_text(log)
+        return window, log
+
+
+def _turns(args: argparse.Namespace, tmp: Path, labels: list[str], kind: str) -> Iterator[_Turn]:
+    """Every arm in turn, for --rounds: the order side-by-side runs take, so that drift on the machine falls on all."""
+    for r in range(args.rounds):
+        for k, label in enumerate(labels):
+            root = tmp / f"r{r}-{k}"
+            root.mkdir()
+            print(f"\n=== {kind}{label}, round {r + 1} (load average {os.getloadavg()[0]:.2f}) ===")
+            yield _Turn(args, root, k, label, r + 1, last=len(labels) == 1 and args.rounds == 1)
+
+
 def embedded_side_by_side(args: argparse.Namespace) -> int:
     """``paperlane run`` once per --feeders value (and --main-code's code), in turn for --rounds, each against a fresh
     engine of the same shape, on the same scans; each one's report, then a table of all."""
@@ -211,22 +246,12 @@ def embedded_side_by_side(args: argparse.Namespace) -> int:
         src.mkdir()
         for i, data in enumerate(_scan_pages(args)):
             (src / f"scan{i:05d}.jpg").write_bytes(data)
-        for r in range(args.rounds):
-            for k, (label, command, extra) in enumerate(arms):
-                root = Path(tmp) / f"r{r}-{k}"
-                root.mkdir()
-                print(f"\n=== {label}, round {r + 1} (load average {os.getloadavg()[0]:.2f}) ===")
-                sim = _start_sim(args, root)
-                try:
-                    window = run_embedded(args, root, src, sim, command, extra)
-                finally:
-                    sim.stop()
-                log = (root / "paperlane.log").read_text(errors="replace")
-                if args.log:
-                    Path(f"{args.log}.{r}-{k}").write_text(log)
-                rows.append((label, r + 1, report(window, sim, prefix="embedded_")))
-                for name, sizes in _window_sizes_by_process(log).items():
-                    print_window(name, sizes)
+        for turn in _turns(args, Path(tmp), [label for label, _, _ in arms], ""):
+            _, command, extra = arms[turn.arm]
+            window, log = turn.measure(lambda root, sim: run_embedded(args, root, src, sim, command, extra))
+            rows.append((turn.label, turn.round, report(window, turn.sim, prefix="embedded_")))
+            for name, sizes in _window_sizes_by_process(log).items():
+                print_window(name, sizes)
     print(f"\n{'run':<28} round  pages/s  capacity used  cpu ms/page")
     for label, r, (rate, used, cpu_ms) in rows:
         print(f"{label:<28} {r:5d}  {rate:7.2f}  {used:13.3f}  {cpu_ms:11.1f}")
@@ -243,22 +268,12 @@ def worker_side_by_side(args: argparse.Namespace) -> int:
     scans = list(_scan_pages(args))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for r in range(args.rounds):
-            for k, (label, command) in enumerate(arms):
-                root = Path(tmp) / f"r{r}-{k}"
-                root.mkdir()
-                print(f"\n=== worker, {label}, round {r + 1} (load average {os.getloadavg()[0]:.2f}) ===")
-                sim = _start_sim(args, root)
-                try:
-                    window = run_worker(args, root, iter(scans), sim, command=command)
-                finally:
-                    sim.stop()
-                log = (root / "paperlane.log").read_text(errors="replace")
-                if args.log:
-                    Path(args.log if len(arms) == 1 and args.rounds == 1 else f"{args.log}.{r}-{k}").write_text(log)
-                rate, used, group_ms = report(window, sim, prefix="")
-                rows.append((label, r + 1, rate, used, window.main_ms, group_ms))
-                print_window("paperlane", _window_sizes(log))
+        for turn in _turns(args, Path(tmp), [label for label, _ in arms], "worker, "):
+            command = arms[turn.arm][1]
+            window, log = turn.measure(lambda root, sim: run_worker(args, root, iter(scans), sim, command=command))
+            rate, used, group_ms = report(window, turn.sim, prefix="")
+            rows.append((turn.label, turn.round, rate, used, window.main_ms, group_ms))
+            print_window("paperlane", _window_sizes(log))
     if len(rows) == 1:  # its report ends with its figure
         return 0
     print(f"\n{'worker':<28} round  pages/s  capacity used  main ms/page  group ms/page")
