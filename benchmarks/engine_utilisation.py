@@ -64,7 +64,7 @@ import threading
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -205,19 +205,19 @@ class _Turn:
     label: str
     round: int  # from 1
     last: bool  # the only run of all (its log is kept at --log itself)
-    sim: Any = None
 
-    def measure(self, run: Any) -> tuple[Window, str]:
-        """``run(root, sim)`` against a fresh engine, stopped after; its window and the run's log (kept at --log)."""
-        self.sim = _start_sim(self.args, self.root)
+    def measure(self, run: Callable[[Path, SimEngine], Window]) -> tuple[Window, SimEngine, str]:
+        """``run(root, sim)`` against a fresh engine, stopped after; its window, the engine and the run's log (kept
+        at --log)."""
+        sim = _start_sim(self.args, self.root)
         try:
-            window = run(self.root, self.sim)
+            window = run(self.root, sim)
         finally:
-            self.sim.stop()
+            sim.stop()
         log = (self.root / "paperlane.log").read_text(errors="replace")
         if self.args.log:
             Path(self.args.log if self.last else f"{self.args.log}.{self.round - 1}-{self.arm}").write_text(log)
-        return window, log
+        return window, sim, log
 
 
 def _turns(args: argparse.Namespace, tmp: Path, labels: list[str], kind: str) -> Iterator[_Turn]:
@@ -248,8 +248,8 @@ def embedded_side_by_side(args: argparse.Namespace) -> int:
             (src / f"scan{i:05d}.jpg").write_bytes(data)
         for turn in _turns(args, Path(tmp), [label for label, _, _ in arms], ""):
             _, command, extra = arms[turn.arm]
-            window, log = turn.measure(lambda root, sim: run_embedded(args, root, src, sim, command, extra))
-            rows.append((turn.label, turn.round, report(window, turn.sim, prefix="embedded_")))
+            window, sim, log = turn.measure(lambda root, sim: run_embedded(args, root, src, sim, command, extra))
+            rows.append((turn.label, turn.round, report(window, sim, prefix="embedded_")))
             for name, sizes in _window_sizes_by_process(log).items():
                 print_window(name, sizes)
     print(f"\n{'run':<28} round  pages/s  capacity used  cpu ms/page")
@@ -270,8 +270,8 @@ def worker_side_by_side(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for turn in _turns(args, Path(tmp), [label for label, _ in arms], "worker, "):
             command = arms[turn.arm][1]
-            window, log = turn.measure(lambda root, sim: run_worker(args, root, iter(scans), sim, command=command))
-            rate, used, group_ms = report(window, turn.sim, prefix="")
+            window, sim, log = turn.measure(lambda root, sim: run_worker(args, root, iter(scans), sim, command=command))
+            rate, used, group_ms = report(window, sim, prefix="")
             rows.append((turn.label, turn.round, rate, used, window.main_ms, group_ms))
             print_window("paperlane", _window_sizes(log))
     if len(rows) == 1:  # its report ends with its figure

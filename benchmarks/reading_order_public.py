@@ -92,9 +92,9 @@ def score(page: PublicPage, lines: list[Line], regions: list[Found], order: Orde
     t0 = time.process_time()
     if split:
         lines = split_at_gutters(lines)
-    ordered = kept(order(lines, regions, page), page)
+    ordered = order(lines, regions, page)
     cpu = (time.process_time() - t0) * 1000
-    lines = kept(lines, page)
+    ordered, lines = kept(ordered, page), kept(lines, page)
     text = "\n".join(ln.text for ln in ordered)
     truth = page.text
     visits = [v for v in (page.block_of(quad_box(ln.quad or [])) for ln in ordered) if v is not None]

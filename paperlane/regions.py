@@ -88,6 +88,7 @@ def order_regions(lines: Sequence[Line], regions: Sequence[Found], *, page_size:
         return order_lines(lines, page_height=page_size[1], settings=settings)
     regions = _plausible(regions)
     placed = _assign(boxes, regions)
+    held = set(placed)  # the regions that have lines
     freed = [-1] * len(lines)  # the figure a line was taken from, as below (-1: none)
     for n, r in enumerate(regions):  # a "figure" full of lines is text the model took for a picture
         if r.kind == "figure" and _text_in_figure(r.box, [b for b, p in zip(boxes, placed) if p == n]):
@@ -95,7 +96,6 @@ def order_regions(lines: Sequence[Line], regions: Sequence[Found], *, page_size:
             placed = [None if p == n else p for p in placed]
     boxes = [_clipped(b, regions[n].box, settings.region_slack * unit) if n is not None else b
              for b, n in zip(boxes, placed)]
-    held = set(placed) | set(freed)  # the regions that had lines
     parts = [_Region(KINDS.get(r.kind, BlockKind.PARAGRAPH), r.box, [i for i, p in enumerate(placed) if p == n])
              for n, r in enumerate(regions)]
     parts = [p for p in parts if p.lines] + _orphans(lines, boxes, placed, freed, page_size, settings)
