@@ -12,11 +12,13 @@ server's own gauges (vLLM's ``/metrics``, Prometheus text: ``vllm:num_requests_r
   is rarely a whole request: it is rounded up with the probability of its fraction (1.3 is 2 three times in
   ten), so over many readings each process sheds in proportion to its window. Rounded the same way for all
   (up: one each), a process holding 80 and one holding 3 would shed alike and stay 80 and 3 for ever;
-- the queue empty (the server has sequences free) and this process held pages back (window-bound): the
-  window grows by a quarter, so a server needing 80 answers where the window started at 32 is full in a few
-  seconds; by a twentieth only while some of this process's requests are not at the server (on their way, or
-  their answers still being read: a loaded client's lag, which a leap would turn into a long queue there once
-  it catches up);
+- the queue empty at two readings in a row (the server has sequences free) and this process held pages back
+  (window-bound): the window grows by a quarter, so a server needing 80 answers where the window started at 32
+  is full in a few seconds; by a twentieth only while some of this process's requests are not at the server (on
+  their way, or their answers still being read: a loaded client's lag, which a leap would turn into a long
+  queue there once it catches up). One empty reading is not enough: a full server whose queue is held near
+  the target empties it for an instant whenever several sequences end in one step, and a leap of 5% on that
+  instant left 9 or 10 requests queued there for a second;
 - the queue short but not empty, and window-bound: one more, at the target too (additive increase, and the
   proportional cut above: several processes sharing one server converge to equal windows, whatever windows
   they started from, with the server's queue a few requests either side of the target; a queue held exactly
@@ -76,11 +78,12 @@ def parse_load(text: str) -> ServerLoad:
     return ServerLoad(running=round(totals[RUNNING]), waiting=round(totals[WAITING]))
 
 
-def next_window(window: int, *, load: ServerLoad, mine: int, bound: bool, target: int, cap: int,
-                chance: Callable[[], float] = random.random) -> int:
+def next_window(window: int, *, load: ServerLoad, mine: int, bound: bool, empty_before: bool, target: int,
+                cap: int, chance: Callable[[], float] = random.random) -> int:
     """The window after one reading of the server's ``load``: ``mine`` of its requests are this process's,
-    ``bound`` says whether the window held pages back since the last reading (see the module's rules);
-    ``chance`` draws in [0, 1) for rounding a cut."""
+    ``bound`` says whether the window held pages back since the last reading, ``empty_before`` whether the
+    server's queue was empty at the reading before (see the module's rules); ``chance`` draws in [0, 1) for
+    rounding a cut."""
     if load.waiting > target:
         if mine > window:  # the last cut is still draining: cut again only on what it did
             return window
@@ -90,7 +93,7 @@ def next_window(window: int, *, load: ServerLoad, mine: int, bound: bool, target
         return max(1, min(window, mine) - whole - (chance() < cut - whole))
     if not bound or window >= cap:
         return min(window, cap)
-    if load.waiting == 0:
+    if load.waiting == 0 and empty_before:
         # Some of this process's requests not at the server (on their way there, or their answers still being
         # read): the server's free sequences are partly that lag, so the window creeps instead of leaping.
         growth = _GROWTH if load.running + load.waiting >= mine else _CREEP
@@ -152,12 +155,13 @@ class WindowController:
 
     def step(self, load: ServerLoad) -> int:
         """Apply one reading of the server; the window after it."""
-        self.last_load = load
         old = self.window
+        empty_before = self.last_load is not None and self.last_load.waiting == 0
         new = next_window(old, load=load, mine=self._in_flight(), bound=self._limiter.take_blocked(),
-                          target=self._cfg.queue_target, cap=self._cap)
+                          empty_before=empty_before, target=self._cfg.queue_target, cap=self._cap)
         if new != old:
             self._limiter.set_limit(new)
             log.info("vllm window %d -> %d (server: %d running, %d waiting)", old, new, load.running, load.waiting)
+        self.last_load = load
         self.history.append(new)
         return new
