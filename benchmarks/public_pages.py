@@ -5,7 +5,9 @@ with blocks (``layout_dets``): a category, a polygon, the block's text and its p
 (``order``; running heads, page numbers, footnotes and discarded areas have none). Its demo folder
 (``demo_data/omnidocbench_demo``: ``OmniDocBench_demo.json`` and ``images/``, 18 pages: books, papers,
 slides, newspapers, notes, textbooks; Chinese and English) is what ``benchmarks/reading_order.py`` reads;
-the full set (1,651 pages) has the same layout. Nothing here is committed: pass the folder. HRDoc's pages
+the full set (1,651 pages) has the same layout. Nothing here is committed: pass the folder (where
+``opendatalab/OmniDocBench`` cannot be fetched, its fork ``pichiu/OmniDocBench`` holds the same demo folder,
+at ``demo_data/omnidocbench_demo``). HRDoc's pages
 are read into the same structures by ``benchmarks/hrdoc_pages.py``.
 
 The truth of a page is the text of its ordered blocks of running text (titles, paragraphs, captions,

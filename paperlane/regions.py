@@ -59,6 +59,7 @@ _TEXT = frozenset({BlockKind.PARAGRAPH, BlockKind.HEADING, BlockKind.CAPTION})
 _FIGURE_LINES = 4  # a figure holding more lines than this is read as text: its lines go by their geometry
 _FIRST, _LAST = frozenset({BlockKind.HEADER}), frozenset({BlockKind.FOOTER, BlockKind.PAGE_NUMBER})
 _PICTURES = frozenset({"figure", "table", "equation"})
+_PICTURE_KINDS = frozenset({KINDS[kind] for kind in _PICTURES})
 
 
 @dataclass(frozen=True)
@@ -251,18 +252,28 @@ class _Cut:
         """Consecutive bands joined while together they still split into columns: the columns below a title
         across them run on through every gap where they happen to end a paragraph at the same height. A band
         that does not split into columns itself joins only when it is less than a paragraph gap below the run
-        (a column going on alone); one further down (a footnote, a closing paragraph under the columns) or two
-        bands of one region each, side by side only by chance, stay apart. The price, as in
+        (a column going on alone) or below a run of floats (tables, figures and their captions, one over each
+        column: a heading at the top of one column under them, further down than a paragraph gap, left the
+        floats read as a row before both columns); one further down a run of text (a footnote, a closing
+        paragraph under the columns, the abstract under a title page's authors) or two bands of one region each,
+        side by side only by chance, stay apart. The price, as in
         ``paperlane.layout``: a column that runs on alone below its neighbour's end after a paragraph gap is
         read after its neighbour."""
         runs: list[list[_Region]] = []
         for band in bands:
             if runs and self._columns(runs[-1] + band) and (
-                    (self._columns(runs[-1]) and self._columns(band)) or self._near(runs[-1], band)):
+                    (self._columns(runs[-1]) and self._columns(band)) or self._near(runs[-1], band)
+                    or self._floats(runs[-1])):
                 runs[-1] = runs[-1] + band
             else:
                 runs.append(band)
         return runs
+
+    def _floats(self, run: list[_Region]) -> bool:
+        """Whether ``run`` is floats over columns: it splits into columns and each holds a table, a figure or a
+        formula (with what else stands there: its caption, which the model may also call text)."""
+        columns = self._columns(run)
+        return columns is not None and all(any(p.kind in _PICTURE_KINDS for p in col) for col in columns)
 
     def _near(self, run: list[_Region], band: list[_Region]) -> bool:
         return min(p.box[1] for p in band) - max(p.box[3] for p in run) < self.paragraph_gap

@@ -339,3 +339,19 @@ def test_a_figure_with_no_line_in_it_holds_its_column_s_place() -> None:
     read, _ = _read([*caption, *left, *r1, *r2], regions)
 
     assert read == _names(caption, left, r1, r2)
+
+
+def test_floats_over_each_column_are_read_with_their_columns_under_a_heading_in_one() -> None:
+    # Two tables with their captions at the top of a two-column page, one over each column; the right column
+    # starts with a heading further below the tables than a paragraph gap (a band of its own). The model calls
+    # the left caption text, as it did on the page this comes from.
+    cap_l, cap_r = [Line(text="CapL", quad=_quad(100, 60, 480))], [Line(text="CapR", quad=_quad(620, 60, 480))]
+    head = [Line(text="Head", quad=_quad(620, 360, 200))]
+    left, right = _column("L", 100, 370, 480, 12), _column("R", 620, 410, 480, 11)
+    regions = [Found("text", _box(cap_l)), Found("table_caption", _box(cap_r)), Found("table", (94, 100, 586, 300)),
+               Found("table", (614, 100, 1106, 300)), Found("title", _box(head)), Found("text", _box(left)),
+               Found("text", _box(right))]
+
+    read, _ = _read([*cap_l, *cap_r, *head, *left, *right], regions)
+
+    assert read == _names(cap_l, left, cap_r, head, right)
