@@ -103,6 +103,13 @@ def column_pieces(boxes: Sequence[Box], *, unit: float, settings: LayoutSettings
     return [piece for run, columns in zip(runs, split) for piece in (columns or [run])]
 
 
+def one_table(boxes: Sequence[Box], a: list[int], b: list[int], *, unit: float,
+              settings: LayoutSettings | None = None) -> bool:
+    """Whether the strips ``a`` and ``b`` of ``boxes``, side by side, are one table read in rows (their lines pair
+    up row by row, as ``order_lines`` tells a table from columns)."""
+    return _Cutter(list(boxes), unit, settings or LayoutSettings(), rtl=False)._table_rows(a, b)
+
+
 def columns_side_by_side(boxes: Sequence[Box], *, unit: float, settings: LayoutSettings | None = None) -> int:
     """The most columns of running text ``order_lines`` finds side by side at one height of the page: its parts
     read in rows, of at least ``min_column_lines`` lines, whose vertical extents hold the middle of one of them."""

@@ -25,7 +25,9 @@ line in it still takes its place on the page in the cuts below. Then:
    across both lies between them), not by its regions' tops, which would read across the columns.
    Before the cuts, a region whose lines have a gutter between columns of running text (the model drew one
    box across two columns) is cut into those columns and the runs above and below them
-   (``paperlane.layout.column_pieces``), so that each column is read in its place on the page.
+   (``paperlane.layout.column_pieces``), so that each column is read in its place on the page; and any region
+   is cut where the gutter between two regions side by side just above or below it runs on blank through its
+   lines (``_at_page_gutters``: a picture the model drew over both columns, a table with a sidebar beside it).
 3. Captions stay where they stand (next to what they caption, which the cuts keep together); a table's lines
    are read in rows within its region, which is read in its place.
 4. Within a region, the lines are ordered by ``paperlane.layout`` (a region the model drew across two columns
@@ -45,8 +47,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from paperlane.layout import (Box, box_quad, column_pieces, columns_side_by_side, is_rtl, line_groups, order_lines,
-                              quad_box, union_box)
+from paperlane.layout import (Box, box_quad, column_pieces, columns_side_by_side, is_rtl, line_groups, one_table,
+                              order_lines, quad_box, union_box)
 from paperlane.precedence import precedence_order
 from paperlane.schemas import Block, BlockKind, Line
 from paperlane.settings import LayoutSettings
@@ -59,6 +61,8 @@ _TEXT = frozenset({BlockKind.PARAGRAPH, BlockKind.HEADING, BlockKind.CAPTION})
 _FIGURE_LINES = 4  # a figure holding more lines than this is read as text: its lines go by their geometry
 _FIRST, _LAST = frozenset({BlockKind.HEADER}), frozenset({BlockKind.FOOTER, BlockKind.PAGE_NUMBER})
 _PICTURES = frozenset({"figure", "table", "equation"})
+_GUTTER_REACH = 3  # line heights: a gutter between regions this far above or below a region runs on through it
+_COLUMN_HEIGHT = 3  # line heights: the least a region's piece beside such a gutter runs down (a formula's are less)
 _PICTURE_KINDS = frozenset({KINDS[kind] for kind in _PICTURES})
 
 
@@ -103,6 +107,7 @@ def order_regions(lines: Sequence[Line], regions: Sequence[Found], *, page_size:
     owner = {i: n for n, p in enumerate(parts) for i in p.lines}
     parts = [piece for n, p in enumerate(parts) for piece in _unmixed(p, n, boxes, owner)]
     parts = [piece for p in parts for piece in _columns_of(p, boxes, unit, settings)]
+    parts = _at_page_gutters(parts, boxes, unit, settings)
     _inner_margins(parts)
     for p in parts:
         if p.kind is BlockKind.FOOTER and all(lines[i].text.strip().isdigit() for i in p.lines):
@@ -160,6 +165,54 @@ def _columns_of(part: _Region, boxes: list[Box], unit: float, settings: LayoutSe
         return [part]
     return [_Region(part.kind, union_box([boxes[part.lines[k]] for k in piece]), [part.lines[k] for k in piece])
             for piece in pieces]
+
+
+def _at_page_gutters(parts: list[_Region], boxes: list[Box], unit: float, settings: LayoutSettings) -> list[_Region]:
+    """Each region cut where a gutter of the page runs on through its lines: a blank vertical strip between its
+    lines (lines on both sides) that continues the gap between two other regions side by side just above or
+    below it. The model draws a figure or a table across the page's columns now and then (a workbook's
+    exercises as one picture over both columns, a report's table with the sidebar's foot beside it): read
+    whole, its lines went across the gutter, or the sidebar's foot after the main column. Each piece runs at
+    least ``_COLUMN_HEIGHT`` line heights down (the pieces of a line around an inline formula do not), and two
+    strips that pair up row by row are one table's columns and stay whole."""
+    reach = _GUTTER_REACH * unit
+    strips = [(a.box[2], b.box[0], max(a.box[1], b.box[1]), min(a.box[3], b.box[3]), m, n)
+              for m, a in enumerate(parts) for n, b in enumerate(parts)
+              if a.box[2] < b.box[0] and min(a.box[3], b.box[3]) > max(a.box[1], b.box[1])]
+
+    def cut(part: _Region, number: int) -> list[_Region]:
+        if len(part.lines) < 2 * settings.min_column_lines:
+            return [part]
+        top, bottom = part.box[1] - reach, part.box[3] + reach
+        for g0, g1 in _gaps([boxes[i] for i in part.lines]):
+            if not any(m != number != n and min(g1, s1) > max(g0, s0) and y1 >= top and y0 <= bottom
+                       for s0, s1, y0, y1, m, n in strips):
+                continue
+            left = [i for i in part.lines if boxes[i][2] <= g0]
+            right = [i for i in part.lines if boxes[i][2] > g0]
+            if min(len(left), len(right)) < settings.min_column_lines or min(
+                    _height([boxes[i] for i in side]) for side in (left, right)) < _COLUMN_HEIGHT * unit or one_table(
+                    boxes, left, right, unit=unit, settings=settings):
+                continue
+            return [piece for side in (left, right)
+                    for piece in cut(_Region(part.kind, union_box([boxes[i] for i in side]), side), number)]
+        return [part]
+
+    return [piece for n, p in enumerate(parts) for piece in cut(p, n)]
+
+
+def _height(boxes: list[Box]) -> float:
+    return max(b[3] for b in boxes) - min(b[1] for b in boxes)
+
+
+def _gaps(boxes: list[Box]) -> list[tuple[float, float]]:
+    """The blank vertical strips between ``boxes``, left to right, widest first."""
+    gaps, end = [], None
+    for x0, _, x1, _ in sorted(boxes):
+        if end is not None and x0 > end:
+            gaps.append((end, x0))
+        end = x1 if end is None else max(end, x1)
+    return sorted(gaps, key=lambda g: g[0] - g[1])
 
 
 def _text_in_figure(figure: Box, lines: list[Box]) -> bool:

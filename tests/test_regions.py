@@ -355,3 +355,44 @@ def test_floats_over_each_column_are_read_with_their_columns_under_a_heading_in_
     read, _ = _read([*cap_l, *cap_r, *head, *left, *right], regions)
 
     assert read == _names(cap_l, left, cap_r, head, right)
+
+
+def test_a_figure_drawn_across_both_columns_is_cut_at_the_gutter_below_it() -> None:
+    # A workbook's top half, taken by the model for one picture over both columns: on the left a grid of short
+    # answers (no running text, so no column of its own), on the right a column of sentences; under it, a text
+    # region in each column. The gutter between those runs on up through the picture's lines.
+    grid = [Line(text=f"G{r}{c}", quad=_quad(100 + 160 * c, 60 + 40 * r, 60)) for r in range(8) for c in range(3)]
+    right = _column("R", 620, 60, 480, 10)
+    low_l, low_r = _column("L", 100, 420, 480, 8), _column("D", 620, 420, 480, 8)
+    regions = [Found("figure", (94, 54, 1106, 390)), Found("text", _box(low_l)), Found("text", _box(low_r))]
+
+    read, _ = _read([*grid, *right, *low_l, *low_r], regions)
+
+    assert read == _names(grid, low_l, right, low_r)
+
+
+def test_a_table_across_both_columns_stays_whole_where_its_columns_line_up_with_the_gutter() -> None:
+    a, b = _column("A", 100, 60, 480, 6), _column("B", 620, 60, 480, 6)
+    rows = [[Line(text=f"K{r}", quad=_quad(100, 280 + 60 * r, 300)), Line(text=f"V{r}", quad=_quad(640, 280 + 60 * r, 300))]
+            for r in range(8)]
+    table = [ln for row in rows for ln in row]
+    regions = [Found("text", _box(a)), Found("text", _box(b)), Found("table", _box(table))]
+
+    read, _ = _read([*a, *b, *table], regions)
+
+    assert read == _names(a, b, table)  # the table row by row, after both columns
+
+
+def test_a_line_around_an_inline_fraction_is_not_cut_at_a_gap_that_lines_up_with_one_above() -> None:
+    # A formula and its number side by side above a paragraph whose lines break around a fraction, at the
+    # height of the blank between the formula and its number: two lines' height, no column.
+    eq, number = [Line(text="Eq", quad=_quad(300, 40, 400))], [Line(text="(13)", quad=_quad(1000, 40, 60))]
+    para = [Line(text="Therefore", quad=_quad(100, 110, 600)), Line(text="second", quad=_quad(100, 140, 600)),
+            Line(text="num", quad=_quad(760, 100, 60)), Line(text="den", quad=_quad(760, 128, 60)),
+            Line(text="and", quad=_quad(840, 110, 260))]
+    alone, _ = _read(para, [Found("text", _box(para))])
+
+    read, _ = _read([*eq, *number, *para], [Found("equation", _box(eq)), Found("text", _box(number)),
+                                          Found("text", _box(para))])
+
+    assert [name for name in read if name not in ("Eq", "(13)")] == alone
