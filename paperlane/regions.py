@@ -62,6 +62,7 @@ _FIGURE_LINES = 4  # a figure holding more lines than this is read as text: its 
 _FIRST, _LAST = frozenset({BlockKind.HEADER}), frozenset({BlockKind.FOOTER, BlockKind.PAGE_NUMBER})
 _PICTURES = frozenset({"figure", "table", "equation"})
 _GUTTER_REACH = 3  # line heights: a gutter between regions this far above or below a region runs on through it
+_GUTTER_WIDTH = 4  # line heights: the widest such gutter (two regions further apart have room for more between)
 _COLUMN_HEIGHT = 3  # line heights: the least a region's piece beside such a gutter runs down (a formula's are less)
 _PICTURE_KINDS = frozenset({KINDS[kind] for kind in _PICTURES})
 
@@ -169,16 +170,17 @@ def _columns_of(part: _Region, boxes: list[Box], unit: float, settings: LayoutSe
 
 def _at_page_gutters(parts: list[_Region], boxes: list[Box], unit: float, settings: LayoutSettings) -> list[_Region]:
     """Each region cut where a gutter of the page runs on through its lines: a blank vertical strip between its
-    lines (lines on both sides) that continues the gap between two other regions side by side just above or
-    below it. The model draws a figure or a table across the page's columns now and then (a workbook's
-    exercises as one picture over both columns, a report's table with the sidebar's foot beside it): read
-    whole, its lines went across the gutter, or the sidebar's foot after the main column. Each piece runs at
-    least ``_COLUMN_HEIGHT`` line heights down (the pieces of a line around an inline formula do not), and two
-    strips that pair up row by row are one table's columns and stay whole."""
+    lines (lines on both sides) that continues the gap, at most ``_GUTTER_WIDTH`` line heights wide, between
+    two other regions side by side just above or below it. The model draws a figure or a table across the
+    page's columns now and then (a workbook's exercises as one picture over both columns, a report's table with
+    the sidebar's foot beside it): read whole, its lines went across the gutter, or the sidebar's foot after the
+    main column. Each piece runs at least ``_COLUMN_HEIGHT`` line heights down (the pieces of a line around an
+    inline formula do not), and two strips that pair up row by row are one table's columns and stay whole."""
     reach = _GUTTER_REACH * unit
     strips = [(a.box[2], b.box[0], max(a.box[1], b.box[1]), min(a.box[3], b.box[3]), m, n)
               for m, a in enumerate(parts) for n, b in enumerate(parts)
-              if a.box[2] < b.box[0] and min(a.box[3], b.box[3]) > max(a.box[1], b.box[1])]
+              if 0 < b.box[0] - a.box[2] <= _GUTTER_WIDTH * unit
+              and min(a.box[3], b.box[3]) > max(a.box[1], b.box[1])]
 
     def cut(part: _Region, number: int) -> list[_Region]:
         if len(part.lines) < 2 * settings.min_column_lines:

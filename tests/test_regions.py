@@ -373,8 +373,8 @@ def test_a_figure_drawn_across_both_columns_is_cut_at_the_gutter_below_it() -> N
 
 def test_a_table_across_both_columns_stays_whole_where_its_columns_line_up_with_the_gutter() -> None:
     a, b = _column("A", 100, 60, 480, 6), _column("B", 620, 60, 480, 6)
-    rows = [[Line(text=f"K{r}", quad=_quad(100, 280 + 60 * r, 300)), Line(text=f"V{r}", quad=_quad(640, 280 + 60 * r, 300))]
-            for r in range(8)]
+    rows = [[Line(text=f"K{r}", quad=_quad(100, 280 + 60 * r, 300)),
+             Line(text=f"V{r}", quad=_quad(640, 280 + 60 * r, 300))] for r in range(8)]
     table = [ln for row in rows for ln in row]
     regions = [Found("text", _box(a)), Found("text", _box(b)), Found("table", _box(table))]
 
@@ -396,3 +396,17 @@ def test_a_line_around_an_inline_fraction_is_not_cut_at_a_gap_that_lines_up_with
                                           Found("text", _box(para))])
 
     assert [name for name in read if name not in ("Eq", "(13)")] == alone
+
+
+def test_two_regions_far_apart_make_no_gutter_for_the_region_below_them() -> None:
+    # A label at each edge of the page (the room between them is no gutter) above a chart whose labels stand in
+    # two groups, in rows of their own: the chart is read as it would be without the labels above it.
+    edges = [Line(text="Left", quad=_quad(100, 40, 100)), Line(text="Right", quad=_quad(1000, 40, 100))]
+    chart = [Line(text=f"P{k}", quad=_quad(300, 100 + 45 * k, 100)) for k in range(4)] + [
+        Line(text=f"Q{k}", quad=_quad(700, 120 + 45 * k, 100)) for k in range(4)]
+    alone, _ = _read(chart, [Found("figure", _box(chart))])
+
+    read, _ = _read([*edges, *chart], [Found("text", _box(edges[:1])), Found("text", _box(edges[1:])),
+                                       Found("figure", _box(chart))])
+
+    assert [name for name in read if name not in ("Left", "Right")] == alone
