@@ -192,19 +192,15 @@ def _at_page_gutters(parts: list[_Region], boxes: list[Box], unit: float, settin
                 continue
             left = [i for i in part.lines if boxes[i][2] <= g0]
             right = [i for i in part.lines if boxes[i][2] > g0]
-            if min(len(left), len(right)) < settings.min_column_lines or min(
-                    _height([boxes[i] for i in side]) for side in (left, right)) < _COLUMN_HEIGHT * unit or one_table(
-                    boxes, left, right, unit=unit, settings=settings):
+            if min(len(left), len(right)) < settings.min_column_lines:
                 continue
-            return [piece for side in (left, right)
-                    for piece in cut(_Region(part.kind, union_box([boxes[i] for i in side]), side), number)]
+            pieces = [_Region(part.kind, union_box([boxes[i] for i in side]), side) for side in (left, right)]
+            if all(p.box[3] - p.box[1] >= _COLUMN_HEIGHT * unit for p in pieces) and not one_table(
+                    boxes, left, right, unit=unit, settings=settings):
+                return [smaller for piece in pieces for smaller in cut(piece, number)]
         return [part]
 
     return [piece for n, p in enumerate(parts) for piece in cut(p, n)]
-
-
-def _height(boxes: list[Box]) -> float:
-    return max(b[3] for b in boxes) - min(b[1] for b in boxes)
 
 
 def _gaps(boxes: list[Box]) -> list[tuple[float, float]]:
@@ -316,19 +312,13 @@ class _Cut:
         read after its neighbour."""
         runs: list[list[_Region]] = []
         for band in bands:
-            if runs and self._columns(runs[-1] + band) and (
-                    (self._columns(runs[-1]) and self._columns(band)) or self._near(runs[-1], band)
-                    or self._floats(runs[-1])):
-                runs[-1] = runs[-1] + band
-            else:
-                runs.append(band)
+            if runs and self._columns(runs[-1] + band):
+                above = self._columns(runs[-1])
+                if (above and self._columns(band)) or self._near(runs[-1], band) or _floats(above):
+                    runs[-1] = runs[-1] + band
+                    continue
+            runs.append(band)
         return runs
-
-    def _floats(self, run: list[_Region]) -> bool:
-        """Whether ``run`` is floats over columns: it splits into columns and each holds a table, a figure or a
-        formula (with what else stands there: its caption, which the model may also call text)."""
-        columns = self._columns(run)
-        return columns is not None and all(any(p.kind in _PICTURE_KINDS for p in col) for col in columns)
 
     def _near(self, run: list[_Region], band: list[_Region]) -> bool:
         return min(p.box[1] for p in band) - max(p.box[3] for p in run) < self.paragraph_gap
@@ -345,6 +335,12 @@ class _Cut:
             groups[-1].append(parts[n])
             end = max(end, stop)
         return groups
+
+
+def _floats(columns: list[list[_Region]] | None) -> bool:
+    """Whether a run's ``columns`` are floats over columns: each holds a table, a figure or a formula (with what
+    else stands there: its caption, which the model may also call text)."""
+    return columns is not None and all(any(p.kind in _PICTURE_KINDS for p in col) for col in columns)
 
 
 def _read(lines: Sequence[Line], parts: list[_Region], page_size: tuple[int, int],
