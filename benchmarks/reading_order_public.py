@@ -1,7 +1,8 @@
 """The public half of ``benchmarks/reading_order.py``: pages nobody tuned for (``--public DIR``).
 
 A folder is read as HRDoc's when ``hrdoc_pages.is_hrdoc`` says so (a ``<doc>.json`` beside a ``<doc>/``
-folder), else as OmniDocBench's; either loader gives the same pages and truth, scored the same way.
+folder), as DocBank's when ``docbank_pages.is_docbank`` does (``<paper>_<p>.txt`` beside ``<paper>_<p>_ori.jpg``),
+else as OmniDocBench's; either loader gives the same pages and truth, scored the same way.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
 
-from benchmarks import hrdoc_pages, public_pages
+from benchmarks import docbank_pages, hrdoc_pages, public_pages
 from benchmarks.public_pages import PublicPage, char_f1, region_order_distance, word_f1
 from paperlane.gutters import split_at_gutters
 from paperlane.layout import order_lines, quad_box
@@ -115,8 +116,10 @@ def region_order(lines: list[Line], regions: list[Found], page: PublicPage) -> l
 
 
 def load(root: Path) -> list[PublicPage]:
-    """The pages of a public folder, HRDoc's or OmniDocBench's."""
-    return hrdoc_pages.load(root) if hrdoc_pages.is_hrdoc(root) else public_pages.load(root)
+    """The pages of a public folder, HRDoc's, DocBank's or OmniDocBench's."""
+    if hrdoc_pages.is_hrdoc(root):
+        return hrdoc_pages.load(root)
+    return docbank_pages.load(root) if docbank_pages.is_docbank(root) else public_pages.load(root)
 
 
 def run(roots: Sequence[Path], *, cache: Path | None, per_page: bool,
