@@ -105,6 +105,34 @@ def _narrowed(strip: Span, words: list[Span]) -> Span:
     return strip
 
 
+def cut_at(line: Line, x: float) -> list[Line]:
+    """``line`` cut in two at ``x`` (a gutter the layout model's regions show): its words left of ``x`` and those
+    right of it, a word across ``x`` (the recogniser read on across the gutter) cut between its characters in
+    proportion to its width. The line whole where either piece would be empty or it has no words."""
+    left: list[Word] = []
+    right: list[Word] = []
+    for w in line.words or []:
+        x0, x1 = min(p[0] for p in w.quad), max(p[0] for p in w.quad)
+        if x1 <= x:
+            left.append(w)
+        elif x0 >= x:
+            right.append(w)
+        else:
+            k = round(len(w.text) * (x - x0) / max(x1 - x0, 1e-6))
+            if k > 0:
+                left.append(_word_part(w, w.text[:k], x0, x))
+            if k < len(w.text):
+                right.append(_word_part(w, w.text[k:], x, x1))
+    if not left or not right:
+        return [line]
+    return [_piece(line, left), _piece(line, right)]
+
+
+def _word_part(word: Word, text: str, x0: float, x1: float) -> Word:
+    y0, y1 = min(p[1] for p in word.quad), max(p[1] for p in word.quad)
+    return word.model_copy(update={"text": text, "quad": [[x0, y0], [x1, y0], [x1, y1], [x0, y1]]})
+
+
 def _pieces(line: Line, cuts: list[int]) -> list[Line]:
     words = line.words or []
     bounds = [0, *cuts, len(words)]

@@ -47,6 +47,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from paperlane.gutters import cut_at
 from paperlane.layout import (Box, box_quad, column_pieces, columns_side_by_side, is_rtl, line_groups, one_table,
                               order_lines, quad_box, union_box)
 from paperlane.precedence import precedence_order
@@ -93,6 +94,8 @@ def order_regions(lines: Sequence[Line], regions: Sequence[Found], *, page_size:
     if columns_side_by_side(boxes, unit=unit, settings=settings) >= settings.dense_columns:
         return order_lines(lines, page_height=page_size[1], settings=settings)
     regions = _plausible(regions)
+    lines = _across_gutters(lines, boxes, regions, unit, settings)
+    boxes = [quad_box(ln.quad or []) for ln in lines]
     placed = _assign(boxes, regions)
     held = set(placed)  # the regions that have lines
     freed = [-1] * len(lines)  # the figure a line was taken from, as below (-1: none)
@@ -201,6 +204,24 @@ def _at_page_gutters(parts: list[_Region], boxes: list[Box], unit: float, settin
         return [part]
 
     return [piece for n, p in enumerate(parts) for piece in cut(p, n)]
+
+
+def _across_gutters(lines: Sequence[Line], boxes: list[Box], regions: Sequence[Found], unit: float,
+                    settings: LayoutSettings) -> list[Line]:
+    """``lines`` with each one that runs from one text region into another beside it cut in the gutter between
+    them (``gutters.cut_at``): the recogniser read a column's line on into the next column's, through a
+    gutter too narrow for its detector, and the line then belongs to neither column. A line is cut only where
+    it runs at least ``min_piece`` line heights into each region, and both regions reach over its middle."""
+    text = [r.box for r in regions if KINDS.get(r.kind, BlockKind.PARAGRAPH) in _TEXT]
+    reach = settings.min_piece * unit
+    out: list[Line] = []
+    for line, (x0, y0, x1, y1) in zip(lines, boxes):
+        middle = (y0 + y1) / 2
+        beside = sorted((r for r in text if r[1] <= middle <= r[3]
+                         and min(x1, r[2]) - max(x0, r[0]) >= reach), key=lambda r: r[0])
+        gutter = next(((a[2] + b[0]) / 2 for a, b in zip(beside, beside[1:]) if a[2] <= b[0]), None)
+        out += [line] if gutter is None else cut_at(line, gutter)
+    return out
 
 
 def _gaps(boxes: list[Box]) -> list[tuple[float, float]]:

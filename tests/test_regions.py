@@ -410,3 +410,29 @@ def test_two_regions_far_apart_make_no_gutter_for_the_region_below_them() -> Non
                                        Found("figure", _box(chart))])
 
     assert [name for name in read if name not in ("Left", "Right")] == alone
+
+
+def _worded(text: str, x: float, y: float, width: float) -> Line:
+    """A line with its words boxed (as RapidOCR boxes them), spread evenly over ``width``."""
+    words, step = text.split(), width / len(text)
+    out, at = [], x
+    for word in words:
+        out.append({"text": word, "quad": _quad(at, y, step * len(word)), "estimated": False})
+        at += step * (len(word) + 1)
+    return Line(text=text, quad=_quad(x, y, width), words=out)
+
+
+def test_a_line_read_on_through_a_narrow_gutter_is_cut_there_and_each_piece_read_in_its_column() -> None:
+    # The recogniser read a left-column line on into the right column's ("superconductorsterns" runs through a
+    # gutter 40 px wide): the line holds half of neither column, and was read before both of them.
+    left, right = _column("A", 100, 200, 480, 12), _column("B", 620, 200, 480, 12)
+    text = "Dirac materials like superconductorsterns in their entropy are quan"
+    merged = _worded(text, 100, 200 + 5 * (LINE_H + GAP), 1000)
+    left, right = left[:5] + left[6:], right[:5] + right[6:]
+    regions = [Found("text", _box(left)), Found("text", _box(right))]
+
+    read, _ = _read([*left, merged, *right], regions)
+
+    assert read[:5] == _names(left[:5]) and read[6:17] == _names(left[5:], right[:5])
+    assert read[5].startswith("Dirac materials like super") and read[17].endswith("in their entropy are quan")
+    assert read[18:] == _names(right[5:])
