@@ -29,6 +29,10 @@ the PDF was not written in reading order and is no truth of it (9 of the samples
 28 two-column pages remain, 14 in each half. Only two-column pages are kept (at least three paragraph lines in each half of the
 page, each over 30% of the page wide): the single-column ones have no order to get wrong that HRDoc's do not already test.
 
+A copy of the folder with the images shrunk to 72 dpi (HRDoc's resolution: narrow gutters, lines the
+recogniser runs on through them) is read at ``hrdoc_pages.SCALE`` times its size, as HRDoc's pages are, and
+summed up in rows of its own (``-72dpi``).
+
 The pages are split in two by a hash of the paper's name (``public_pages.half``); every sample is of its own
 paper. Made a develop set at stop 38, when HRDoc's two-column develop pages had nothing left to learn from:
 its develop half is what rules are worked out on; its measure half joins HRDoc's as pages only measured on.
@@ -43,7 +47,7 @@ from pathlib import Path
 import pypdfium2 as pdfium
 from PIL import Image
 
-from benchmarks import public_pages
+from benchmarks import hrdoc_pages, public_pages
 from benchmarks.public_pages import Box, PublicPage, TruthBlock
 from paperlane.layout import union_box
 
@@ -52,6 +56,7 @@ KINDS = {"title": "title", "section": "title", "author": "text_block", "date": "
          "caption": "figure_caption", "equation": "equation_isolated", "figure": "figure", "table": "table",
          "footer": "footer"}
 MAX_SWITCHES = 6
+SMALL = 1000  # px wide: a page image this small (72 dpi, as HRDoc's) is read at hrdoc_pages.SCALE times its size
 _HYPHENS = {"\ufffe": "-", "\x02": "-"}  # pdfium's marks for a word broken at a line's end
 _NAME = re.compile(r"(?P<paper>.+)_(?P<page>\d+)\.txt$")
 
@@ -81,7 +86,8 @@ def _image(txt: Path) -> Path:
 
 def _page(txt: Path, pdf: Path, number: int, paper: str) -> PublicPage | None:
     with Image.open(_image(txt)) as img:
-        width, height = img.size
+        scale = hrdoc_pages.SCALE if img.size[0] < SMALL else 1
+        width, height = img.size[0] * scale, img.size[1] * scale
     doc = pdfium.PdfDocument(pdf)
     try:
         lines = _pdf_lines(doc[number], width, height)
@@ -96,8 +102,9 @@ def _page(txt: Path, pdf: Path, number: int, paper: str) -> PublicPage | None:
         print(f"docbank: {txt.stem} skipped: its PDF is not in reading order")
         return None
     half = public_pages.half(paper)
+    group = f"docbank-{half}-two-column" + ("-72dpi" if scale > 1 else "")
     return PublicPage(txt.stem, _image(txt), "english", "double_column", "docbank", (width, height),
-                      tuple(_blocks(labelled, width)), half=half, group=f"docbank-{half}-two-column")
+                      tuple(_blocks(labelled, width)), half=half, group=group, scale=scale)
 
 
 def _pdf_lines(page: pdfium.PdfPage, width: int, height: int) -> list[tuple[Box, str]]:
