@@ -175,13 +175,13 @@ def _label(box: Box, tokens: list[tuple[float, float, str]]) -> str | None:
 def _two_columns(body: list[Box], width: int) -> bool:
     """At least three lines of a column's width (over 30% of the page's) in each half of the page: pieces of a
     line broken around inline formulas are no column."""
-    wide = [b for b in body if b[2] - b[0] >= 0.3 * width]
-    return sum(b[2] <= 0.52 * width for b in wide) >= 3 and sum(b[0] >= 0.48 * width for b in wide) >= 3
+    sides = Counter(_side(b, width) for b in body if b[2] - b[0] >= 0.3 * width)
+    return sides["left"] >= 3 and sides["right"] >= 3
 
 
 def _switches(body: list[Box], width: int) -> int:
     """How often the paragraph lines, in the PDF's order, go from one half of the page to the other."""
-    sides = [b[2] <= 0.52 * width for b in body if b[2] <= 0.52 * width or b[0] >= 0.48 * width]
+    sides = [side for side in (_side(b, width) for b in body) if side != "across"]
     return sum(a != b for a, b in zip(sides, sides[1:]))
 
 

@@ -28,7 +28,7 @@ import bisect
 import statistics
 from collections.abc import Sequence
 
-from paperlane.layout import HEADLINE, quad_box
+from paperlane.layout import HEADLINE, box_quad, quad_box
 from paperlane.schemas import Line, Word
 from paperlane.settings import LayoutSettings
 
@@ -130,7 +130,7 @@ def cut_at(line: Line, x: float) -> list[Line]:
 
 def _word_part(word: Word, text: str, x0: float, x1: float) -> Word:
     y0, y1 = min(p[1] for p in word.quad), max(p[1] for p in word.quad)
-    return word.model_copy(update={"text": text, "quad": [[x0, y0], [x1, y0], [x1, y1], [x0, y1]]})
+    return word.model_copy(update={"text": text, "quad": box_quad((x0, y0, x1, y1))})
 
 
 def _pieces(line: Line, cuts: list[int]) -> list[Line]:

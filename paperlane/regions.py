@@ -94,8 +94,9 @@ def order_regions(lines: Sequence[Line], regions: Sequence[Found], *, page_size:
     if columns_side_by_side(boxes, unit=unit, settings=settings) >= settings.dense_columns:
         return order_lines(lines, page_height=page_size[1], settings=settings)
     regions = _plausible(regions)
-    lines = _across_gutters(lines, boxes, regions, unit, settings)
-    boxes = [quad_box(ln.quad or []) for ln in lines]
+    pieces = _across_gutters(lines, boxes, regions, unit, settings)
+    if len(pieces) != len(lines):  # a line was cut: its pieces' boxes are new
+        lines, boxes = pieces, [quad_box(ln.quad or []) for ln in pieces]
     placed = _assign(boxes, regions)
     held = set(placed)  # the regions that have lines
     freed = [-1] * len(lines)  # the figure a line was taken from, as below (-1: none)
