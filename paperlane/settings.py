@@ -250,6 +250,9 @@ class WorkerSettings(BaseModel):
     annotated_format: ImageFormat = Field(ImageFormat.JPEG, description="the annotated image: jpeg (cheapest), "
                                           "webp (smallest, ~25x the CPU of jpeg) or png (lossless, ~15x)")
     annotated_max_side: int = Field(1000, ge=100, le=8000, description="longest side of the annotated image, px")
+    annotated: Literal["stored", "on_request"] | None = Field(None, description="stored: the worker draws each "
+        "page's annotated image as it finishes; on_request: the API draws it when first asked for, and keeps it; "
+        "unset: stored by `paperlane run` (it writes it out), on_request by `paperlane worker`")
     lease: float = Field(30.0, gt=0, description="seconds a running page stays its worker's without a renewal; "
                          "the worker renews every third of it, and any worker takes back a page whose lease ran out "
                          "(its worker died or hung): back to its lane, the attempt counted")

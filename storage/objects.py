@@ -9,7 +9,10 @@ layout of the bucket is in one place:
                                               (one PUT for hundreds of pages); the key names a
                                               byte range of it, read with a ranged GET
     results/<job_id>.json                     one per job: a rewrite replaces it
-    annotated/<job_id>.<jpg|webp|png>         the worker's annotated_format decides
+    annotated/<job_id>.<jpg|webp|png>         drawn by the worker (worker.annotated stored); annotated_format
+                                              decides the encoding
+    annotated/drawn/<version>/<job_id>.<jpg|webp|png>   drawn by the API when first asked for, kept per
+                                              version of the job's result (drawn_key)
     documents/<document_id><suffix>           a finished document's outputs, one a format: .json, .md, .pdf,
                                               .alto.xml, .hocr, .mets.xml; a page's of a document of several
     documents/<document_id>-p<N><suffix>      pages (PAGE XML, and the ALTO and PAGE XML its METS lists), as
@@ -98,6 +101,12 @@ def result_key(job_id: str) -> str:
 
 def annotated_key(job_id: str, fmt: ImageFormat) -> str:
     return f"annotated/{job_id}.{fmt.suffix}"
+
+
+def drawn_key(job_id: str, version: str, fmt: ImageFormat) -> str:
+    """Where the API keeps an annotated image it drew on request: one per version of the job's result
+    (``version``: what changes when the job finishes again), so a later request reads it."""
+    return f"annotated/drawn/{version}/{job_id}.{fmt.suffix}"
 
 
 def open_store(settings: Settings) -> ObjectStore:

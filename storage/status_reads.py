@@ -144,7 +144,6 @@ class ReviewPage:
     flags: list[str]
     confidence: float | None
     engine: str | None
-    annotated: bool
 
 
 def review_pages(db: Database, ingest_id: str, *, tenant_id: str | None = None, limit: int = 1000,
@@ -157,8 +156,7 @@ def review_pages(db: Database, ingest_id: str, *, tenant_id: str | None = None, 
         found = s.execute(_of_tenant(select(IngestRow.id).where(IngestRow.id == ingest_id), tenant_id)).one_or_none()
         if found is None:
             raise IngestNotFound(ingest_id)
-        query = (select(p.id, p.document_id, d.source, p.page_no, j.id, j.review_flags, j.confidence, j.engine,
-                        j.annotated_key)
+        query = (select(p.id, p.document_id, d.source, p.page_no, j.id, j.review_flags, j.confidence, j.engine)
                  .select_from(_JOBS.join(_PAGES, p.job_id == j.id).join(_DOCUMENTS, d.id == p.document_id))
                  .where(j.needs_review, j.status == JobStatus.SUCCEEDED, p.ingest_id == ingest_id, derived_from(ingest_id))
                  .order_by(d.source, p.page_no).limit(limit))
@@ -166,5 +164,5 @@ def review_pages(db: Database, ingest_id: str, *, tenant_id: str | None = None, 
             query = query.where((d.source > after[0]) | ((d.source == after[0]) & (p.page_no > after[1])))
         rows = s.execute(query).all()
     return [ReviewPage(page_id, document_id, source, page_no, job_id, flags.split(",") if flags else [], confidence,
-                       engine, annotated is not None)
-            for page_id, document_id, source, page_no, job_id, flags, confidence, engine, annotated in rows]
+                       engine)
+            for page_id, document_id, source, page_no, job_id, flags, confidence, engine in rows]

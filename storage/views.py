@@ -62,11 +62,13 @@ def page_state(job: JobRow) -> PageState:
 
 def page_view(page_id: str, document_id: str, page_no: int, job: JobRow, *,
               result: PageResult | None = None) -> dict[str, Any]:
-    """A page: its state, its error, where its annotated image is, and its result when given."""
+    """A page: its state, its error, where its annotated image is (a page read: the worker drew it, or the API
+    draws it when asked, ``workers.drawing``), and its result when given."""
+    drawn = job.annotated_key or job.status == JobStatus.SUCCEEDED
     view: dict[str, Any] = {
         "page_id": page_id, "document_id": document_id, "page_no": page_no, "job_id": job.id,
         "status": page_state(job).value, "error": job.error,
-        "annotated_url": f"/v1/pages/{page_id}/annotated" if job.annotated_key else None,
+        "annotated_url": f"/v1/pages/{page_id}/annotated" if drawn else None,
     }
     if result is not None:
         view["result"] = result.model_dump(mode="json", exclude={"job_id"})
@@ -95,7 +97,8 @@ def _iso(at: datetime | None) -> str | None:
 
 
 def review_view(page: ReviewPage) -> dict[str, Any]:
-    """A page needing review: where it is, why (its quality flags), its confidence and the engine that read it."""
+    """A page needing review: where it is, why (its quality flags), its confidence, the engine that read it and its
+    annotated image (a page needing review was read: the API draws it when the worker did not)."""
     return {"page_id": page.page_id, "document_id": page.document_id, "source": page.source, "page_no": page.page_no,
             "job_id": page.job_id, "flags": page.flags, "confidence": page.confidence, "engine": page.engine,
-            "annotated_url": f"/v1/pages/{page.page_id}/annotated" if page.annotated else None}
+            "annotated_url": f"/v1/pages/{page.page_id}/annotated"}

@@ -1,17 +1,22 @@
-"""The annotated image: drawn on the preview, JPEG by default, PNG or WebP on request, named for its format."""
+"""The annotated image: drawn on the preview, JPEG by default, PNG or WebP on request, named for its format; drawn as
+a page finishes or when it is first asked for."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
+from PIL import Image
 
 from paperlane.producer.input_items import Document
 from paperlane.schemas import Line, TaskSpec
 from paperlane.settings import ImageFormat, Settings, WorkerSettings
 from paperlane.storage import jobs as jobstore
+from paperlane.storage.results import page_result
+from paperlane.workers.drawing import drawn_by_worker, drawn_on_request
 from paperlane.workers.embedded import run_embedded
 from paperlane.workers.pipeline import Runtime
 from paperlane.formats.annotated import annotate, format_of
@@ -73,3 +78,39 @@ def _all_jobs(rt: Runtime) -> list:
 
     with rt.db.session() as s:
         return list(s.scalars(select(JobRow)))
+
+
+def test_drawn_on_request_is_the_image_the_worker_would_have_drawn(tmp_path: Path) -> None:
+    """``worker.annotated`` on_request: a page's image drawn later from its stored original (here page 2 of a PDF) and
+    its result is the one the worker draws as the page finishes (stored)."""
+    pages = [Image.open(io.BytesIO(render_page(sample_lines(i, 3)))).convert("RGB") for i in (4, 5)]
+    buf = io.BytesIO()
+    pages[0].save(buf, format="PDF", save_all=True, append_images=pages[1:], resolution=150)
+    settings = Settings(data_dir=tmp_path / "data", worker=WorkerSettings(annotated="stored", preprocess_processes=0))
+    rt = Runtime.start(settings, engine=StubEngine())  # type: ignore[arg-type]
+    try:
+        doc = Document(source="two.pdf", name="two", ext=".pdf", data=buf.getvalue(), page_count=2)
+        assert run_embedded(rt, [doc], out_dir=tmp_path / "out", spec=TaskSpec()).failed == 0
+        [job] = [j for j in _all_jobs(rt) if j.page == 2]
+        result = page_result(rt.store, job, source="two.pdf", page_no=2)
+        later = drawn_on_request(rt.store, job, result, settings)
+        worker = rt.store.get(job.annotated_key)
+    finally:
+        rt.close()
+    drawn, stored = (cv2.imdecode(np.frombuffer(d, np.uint8), cv2.IMREAD_COLOR).astype(int) for d in (later, worker))
+    # The worker's preview is cut from the page as the engine takes it (sides rounded to the engine's multiple):
+    # the same page within a few pixels, and the same outline where the line is.
+    assert drawn.shape[1] == stored.shape[1] == settings.worker.annotated_max_side
+    assert abs(drawn.shape[0] - stored.shape[0]) <= 0.03 * stored.shape[0]
+    alike = cv2.resize(drawn.astype(np.uint8), stored.shape[1::-1], interpolation=cv2.INTER_AREA).astype(int)
+    assert np.abs(alike - stored).mean() < 3.0
+    assert (drawn[..., 1] > drawn[..., 2] + 30).sum() > 100  # the stub's line, outlined in green
+
+
+def test_a_worker_cuts_no_preview_unless_it_draws_as_pages_finish() -> None:
+    """Unset, ``worker.annotated`` is on_request for a worker (its pages are stored, not written out) and stored for
+    ``paperlane run`` (it writes the image beside each page's JSON); set, it is what it says for both."""
+    assert drawn_by_worker(Settings(), files=True) and not drawn_by_worker(Settings(), files=False)
+    for when, drawn in (("stored", True), ("on_request", False)):
+        settings = Settings(worker=WorkerSettings(annotated=when))
+        assert drawn_by_worker(settings, files=True) is drawn and drawn_by_worker(settings, files=False) is drawn

@@ -7,7 +7,9 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import cv2
 import httpx
+import numpy as np
 import pypdfium2 as pdfium
 import pytest
 from PIL import Image
@@ -46,6 +48,29 @@ def _error(resp: httpx.Response, status: int, code: str) -> str:
     assert set(body) == {"error"} and body["error"]["code"] == code, body
     assert "Traceback" not in resp.text and "sqlalchemy" not in resp.text.lower()
     return str(body["error"]["message"])
+
+
+def _drawn_on_request(api: ApiProcess, key: str, stack: Stack, page_view: dict, image: bytes, lines: int) -> None:
+    """The worker drew no annotated image (worker.annotated unset: on request): the API drew ``image`` from the
+    page's original, its lines outlined in green, and kept it, so the next request reads it; a failed page has none."""
+    assert not stack.keys(f"annotated/{page_view['job_id']}")  # the worker's own key: none
+    drawn = cv2.imdecode(np.frombuffer(image, np.uint8), cv2.IMREAD_COLOR).astype(int)
+    b, g, r = drawn[..., 0], drawn[..., 1], drawn[..., 2]
+    green = (g > r + 30) & (g > b + 30)
+    assert (green.sum(axis=1) > 100).sum() >= 2 * lines  # each line's outline: a long top and bottom edge
+    assert max(drawn.shape[:2]) <= 1000  # worker.annotated_max_side
+    [kept] = stack.keys("annotated/")
+    assert kept.startswith("annotated/drawn/") and kept.endswith(f"/{page_view['job_id']}.jpg")
+    stack.s3().put_object(Bucket=stack.bucket, Key=kept, Body=b"\xff\xd8\xff kept")  # type: ignore[attr-defined]
+    again = httpx.get(f"{api.url}{page_view['annotated_url']}", headers={"Authorization": f"Bearer {key}"})
+    assert again.status_code == 200 and again.content == b"\xff\xd8\xff kept"  # read back, not drawn again
+
+    auth = {"Authorization": f"Bearer {key}"}
+    broken = _upload(api, key, render_page(["broken"])[:300], "broken.png", lane="interactive").json()
+    assert _wait_document(api, key, broken["document_id"])["status"] == "failed"
+    view = httpx.get(f"{api.url}/v1/pages/{broken['pages'][0]['page_id']}", headers=auth).json()
+    assert view["status"] == "failed" and view["annotated_url"] is None
+    _error(httpx.get(f"{api.url}/v1/pages/{broken['pages'][0]['page_id']}/annotated", headers=auth), 404, "not_found")
 
 
 def _wait_document(api: ApiProcess, key: str, document_id: str) -> dict:
@@ -90,6 +115,7 @@ def test_upload_wait_result_pages_and_tenants(stack_factory, worker_factory, api
     assert page_view["status"] == "succeeded" and page_view["result"]["source"] == "upload/receipt.png"
     image = httpx.get(f"{api.url}{page_view['annotated_url']}", headers=auth)
     assert image.headers["content-type"] == "image/jpeg" and image.content[:3] == b"\xff\xd8\xff"
+    _drawn_on_request(api, key, stack, page_view, image.content, len(lines))
     _archive_formats(api, auth, document_id, page["page_id"], stack, first_word=lines[0].split()[0])
 
     # Another tenant's ids are unknown ids; so are made-up ones.

@@ -191,11 +191,13 @@ class CpuPool:
     """Preprocessing for the worker: bounded processes for the stream of pages, plus processes of their
     own for urgent (interactive) pages, so they never queue behind the backlog's preprocessing."""
 
-    def __init__(self, settings: Settings, *, store: ObjectStore) -> None:
-        """``store``: the worker process's own store (spooling PDFs; pages prepared in-process)."""
+    def __init__(self, settings: Settings, *, store: ObjectStore, previews: bool = True) -> None:
+        """``store``: the worker process's own store (spooling PDFs; pages prepared in-process); ``previews``: cut
+        each page's preview, on which its annotated image is drawn when it finishes (``previews.drawn_by_worker``).
+        """
         self._limits = Limits(max_pixels=settings.worker.max_image_pixels,
                               max_bytes=settings.worker.max_input_bytes)
-        self._preview_side = settings.worker.annotated_max_side
+        self._preview_side = settings.worker.annotated_max_side if previews else 0
         self._settings = settings
         self._store = store
         cfg = settings.worker

@@ -28,6 +28,7 @@ from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
 from paperlane.storage.objects import ObjectStore, open_store
 from paperlane.storage.tables import JobRow
+from paperlane.workers.drawing import drawn_by_worker
 from paperlane.workers.answers import EngineAnswers
 from paperlane.workers.batcher import MicroBatcher
 from paperlane.workers.cpu_pool import CpuPool, Prepared
@@ -79,7 +80,7 @@ class Runtime:
                                batch_share=cfg.batch_share)
         log.info("engine %s: batches of %d, %d in flight, %d page slots", engine.info.name, plan.batch_size,
                  cap.batches_in_flight, plan.total)
-        return cls(settings=settings, db=db, store=store, engine=engine, pool=CpuPool(settings, store=store),
+        return cls(settings=settings, db=db, store=store, engine=engine, pool=CpuPool(settings, store=store, previews=drawn_by_worker(settings, files=images_back)),
                    batcher=batcher, outputs=OutputsPool(settings, writer_of(settings, db, store)), slots=plan.total,
                    batch_slots=plan.batch, answers=answers, images_back=images_back, results_back=results_back)
 

@@ -60,7 +60,8 @@ def api(
 ) -> None:
     """Serve the HTTP API and its web page (OpenAPI at /docs, metrics at /metrics)."""
     from paperlane.producer.api.app import serve
+    from paperlane.workers.drawing import drawn_on_request
 
     settings = command_settings()
     configure_logging(min(global_options.log_level, logging.INFO))
-    serve(settings, host=host or settings.api.host, port=port or settings.api.port)
+    serve(settings, host=host or settings.api.host, port=port or settings.api.port, draw=drawn_on_request)

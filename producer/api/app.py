@@ -15,6 +15,7 @@ from fastapi.responses import Response
 
 from paperlane.metrics import API_REQUESTS, API_SECONDS
 from paperlane.producer.api import documents, errors, health, ingests, pages, usage, web
+from paperlane.producer.api.builds import Draw
 from paperlane.producer.api.guard import Guard
 from paperlane.producer.api.service import Service
 from paperlane.producer.api.turns import Gate, Turns
@@ -22,12 +23,14 @@ from paperlane.producer.webhooks import Dispatcher
 from paperlane.settings import Settings
 
 
-def create_app(settings: Settings, *, webhooks: bool = True) -> FastAPI:
-    """The API app. ``webhooks``: run this process's webhook dispatcher."""
+def create_app(settings: Settings, *, webhooks: bool = True, draw: Draw | None = None) -> FastAPI:
+    """The API app. ``webhooks``: run this process's webhook dispatcher; ``draw``: what draws a page's annotated image
+    when it is first asked for (``workers.drawing.drawn_on_request``; none: only those the workers drew are
+    served)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        service = Service.open(settings)
+        service = Service.open(settings, draw=draw)
         await to_thread.run_sync(service.db.upgrade)
         app.state.service = service
         app.state.turns = Gate.of(settings.api)
@@ -72,9 +75,9 @@ def _measure(app: FastAPI) -> None:
         return response
 
 
-def serve(settings: Settings, *, host: str, port: int) -> None:
+def serve(settings: Settings, *, host: str, port: int, draw: Draw | None = None) -> None:
     """Run the API with uvicorn (``paperlane api``)."""
     import uvicorn
 
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower(),
+    uvicorn.run(create_app(settings, draw=draw), host=host, port=port, log_level=settings.log_level.lower(),
                 proxy_headers=True, forwarded_allow_ips=settings.api.trusted_proxies, server_header=False)

@@ -6,6 +6,8 @@ Here ``api.build_processes`` processes of their own do it, niced (``_NICE``) so 
 win the CPU. Each opens its own database engine and object store from the settings once, reads the document's pages
 and their results itself, builds the file (``storage.results``: ``built_document``, ``built_page``), keeps it in the
 store when asked, and sends back only the bytes: the API process sends an id and a few names, and parses nothing.
+The same processes draw a page's annotated image when it is first asked for and the worker did not draw it
+(``DrawTask``, ``workers.drawing``): that reads and decodes the page's original, so it is bounded as builds are.
 
 The processes start with the first build (an API that never builds pays nothing) and are held to
 ``api.build_timeout`` seconds of CPU and ``api.build_memory_bytes`` of memory per build (``paperlane.bounded``): a
@@ -28,12 +30,13 @@ from paperlane.bounded import WALL_FACTOR, BoundedPool, TaskFailed
 from paperlane.errors import PaperlaneError
 from paperlane.formats import FORMATS, media_type
 from paperlane.producer.api.errors import ApiError
-from paperlane.schemas import OutputFormat
+from paperlane.schemas import OutputFormat, PageResult
 from paperlane.settings import Settings
 from paperlane.storage import status_reads
 from paperlane.storage.db import Database
 from paperlane.storage.objects import ObjectStore, open_store
-from paperlane.storage.results import built_document, built_page
+from paperlane.storage.results import built_document, built_page, page_result
+from paperlane.storage.tables import JobRow
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,11 @@ PAGE_HREF = "/v1/pages/{page_id}?format={format}"  # where a METS built here lis
 
 _db: Database | None = None
 _store: ObjectStore | None = None
+_settings: Settings | None = None
+
+# What draws a page's annotated image on request (``workers.drawing.drawn_on_request``, handed down by the CLI:
+# the API does not import the workers), from the store, the page's job and its result under the settings.
+Draw = Callable[[ObjectStore, JobRow, PageResult, Settings], bytes]
 
 
 @dataclass(frozen=True)
@@ -57,11 +65,21 @@ class BuildTask:
     keep: str | None = None
 
 
+@dataclass(frozen=True)
+class DrawTask:
+    """The annotated image of the page ``page_id`` to draw with ``draw`` and keep under ``keep``."""
+
+    page_id: str
+    keep: str
+    draw: Draw
+
+
 def _init_process(settings: Settings) -> None:
-    global _db, _store
+    global _db, _store, _settings
     os.nice(_NICE)
     _db = Database(settings.database_url, pool_size=1)
     _store = open_store(settings)
+    _settings = settings
 
 
 def _build(task: BuildTask) -> bytes:
@@ -77,29 +95,44 @@ def _build(task: BuildTask) -> bytes:
     return data
 
 
+def _drawn(task: DrawTask) -> bytes:
+    """In a build process: the page's annotated image, drawn now from its original and its result, and kept."""
+    assert _db is not None and _store is not None and _settings is not None, "build process not initialised"
+    found = status_reads.get_page(_db, task.page_id)
+    result = page_result(_store, found.job, source=found.document.source, page_no=found.page.page_no)
+    data = task.draw(_store, found.job, result, _settings)
+    fmt = _settings.worker.annotated_format
+    _store.put(task.keep, data, content_type=media_type(fmt))
+    return data
+
+
 class Builder:
     """The API process's build processes, started with the first build."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, draw: Draw | None = None) -> None:
+        """``draw``: what draws annotated images on request (none: this API draws none)."""
         self._settings = settings
+        self.draw = draw
         self._pool: BoundedPool | None = None
         self._lock = threading.Lock()
         self._closed = False
 
-    def build(self, task: BuildTask, *, waiting: Callable[[], None] = lambda: None) -> bytes:
-        """``task``'s bytes, built in a build process; ``waiting`` is called once the build is handed over (the
-        request gives its turn back: it only waits now). Blocks: call it in a thread. Raises what the build raised
-        (NotFound, StorageError, ...) and ApiError 503 (``build_failed``, ``build_busy``) when it did not finish."""
+    def build(self, task: BuildTask | DrawTask, *, waiting: Callable[[], None] = lambda: None) -> bytes:
+        """``task``'s bytes, built (or drawn) in a build process; ``waiting`` is called once the build is handed
+        over (the request gives its turn back: it only waits now). Blocks: call it in a thread. Raises what the
+        build raised (NotFound, StorageError, InputError, ...) and ApiError 503 (``build_failed``, ``build_busy``)
+        when it did not finish."""
         timeout = self._settings.api.build_timeout
+        title = FORMATS[task.fmt].title if isinstance(task, BuildTask) else "annotated image"
         try:
-            future = self._started().submit(_build, task)
+            future = self._started().submit(_build if isinstance(task, BuildTask) else _drawn, task)
         except RuntimeError as exc:  # its processes did not start, or the API is stopping under it
-            log.error("no build process for a %s: %s", task.fmt.value, exc)
-            raise ApiError(503, "build_failed", f"no process could build the {FORMATS[task.fmt].title} now",
+            log.error("no build process for a %s: %s", title, exc)
+            raise ApiError(503, "build_failed", f"no process could build the {title} now",
                            {"Retry-After": "5"}) from None
         try:
             waiting()
-            return _answer(future, FORMATS[task.fmt].title, timeout * _WAITS)
+            return _answer(future, title, timeout * _WAITS)
         finally:
             future.cancel()  # still queued (a wait given up): nobody wants it any more
 

@@ -14,16 +14,16 @@ from typing import Any
 from fastapi.responses import Response
 
 from paperlane.errors import ObjectNotFound, redact
-from paperlane.formats import ARCHIVE_FORMATS, FORMATS, file_name, media_type
-from paperlane.producer.api.builds import BuildTask
+from paperlane.formats import ARCHIVE_FORMATS, FORMATS, file_name, format_of, media_type, media_type_of
+from paperlane.producer.api.builds import BuildTask, DrawTask
 from paperlane.producer.api.errors import ApiError
 from paperlane.producer.api.limits import retry_after
 from paperlane.producer.api.service import Service
 from paperlane.schemas import OutputFormat
-from paperlane.status import OutputsState
+from paperlane.status import JobStatus, OutputsState
 from paperlane.storage import status_reads, views
 from paperlane.storage.db import as_utc
-from paperlane.storage.objects import built_key, document_key
+from paperlane.storage.objects import built_key, document_key, drawn_key
 from paperlane.storage.outputs import written_formats
 from paperlane.storage.tables import DocumentRow
 
@@ -37,6 +37,7 @@ def _contents(formats: list[OutputFormat]) -> dict[int | str, dict[str, Any]]:
     return {200: {"description": "the file", "content": media}}
 
 
+_PRIVATE = {"Cache-Control": "private, max-age=300"}  # an annotated image: the same for a page's result
 DOCUMENT_FILES = _contents(list(OutputFormat))
 PAGE_FILES = _contents([OutputFormat.JSON, *(f for f in ARCHIVE_FORMATS if FORMATS[f].page)])
 
@@ -107,6 +108,33 @@ def _kept(svc: Service, row: DocumentRow, fmt: OutputFormat, page: int | None, *
         pass
     _spend(svc, tenant_id, 1 if not FORMATS[fmt].document else row.pages_total)
     return svc.builder.build(BuildTask(row.id, fmt, page, keep=key), waiting=waiting)  # built, kept, in a process
+
+
+def annotated_file(svc: Service, found: status_reads.PageView, *, tenant_id: str,
+                   waiting: Callable[[], None]) -> Response:
+    """The page's annotated image: the worker's, or one drawn now from its original and its result (one page of the
+    tenant's ``api.build_pages_per_minute``) and kept for the next request (``workers.drawing``). 409 until the
+    page is final; 404 for a page not read (failed), or when this API draws none. ``waiting``: as ``page_file``'s."""
+    job = found.job
+    if job.annotated_key:
+        data = svc.store.get(job.annotated_key)
+        encoding = format_of(data)
+        media = media_type(encoding) if encoding is not None else media_type_of("." + job.annotated_key.rsplit(".", 1)[-1])
+        return Response(data, media_type=media, headers=_PRIVATE)
+    if not views.page_state(job).final:
+        raise ApiError(409, "not_ready", "the page is still being processed", {"Retry-After": "1"})
+    draw = svc.builder.draw
+    if job.status != JobStatus.SUCCEEDED or draw is None:
+        raise ApiError(404, "not_found", "this page has no annotated image")
+    fmt = svc.settings.worker.annotated_format
+    finished = as_utc(job.finished_at)
+    key = drawn_key(job.id, hashlib.sha256((finished.isoformat() if finished else "-").encode()).hexdigest()[:16], fmt)
+    try:
+        data = svc.store.get(key)
+    except ObjectNotFound:
+        _spend(svc, tenant_id, 1)
+        data = svc.builder.build(DrawTask(found.page.id, key, draw), waiting=waiting)  # drawn, kept, in a process
+    return Response(data, media_type=media_type(fmt), headers=_PRIVATE)
 
 
 def _spend(svc: Service, tenant_id: str, pages: int) -> None:

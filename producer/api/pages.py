@@ -7,10 +7,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
-from paperlane.formats import Scope, format_of, media_type, media_type_of
+from paperlane.formats import Scope
 from paperlane.formats.registry import names
 from paperlane.producer.api.errors import ApiError, public
-from paperlane.producer.api.files import PAGE_FILES, page_file
+from paperlane.producer.api.files import PAGE_FILES, annotated_file, page_file
 from paperlane.producer.api.options import Id
 from paperlane.producer.api.service import CallerDep, ServiceDep
 from paperlane.producer.api.turns import TurnDep
@@ -42,13 +42,7 @@ def get_page(page_id: Id, svc: ServiceDep, who: CallerDep, turn: TurnDep,
 
 @router.get("/{page_id}/annotated", response_class=Response, responses={200: {
     "description": "the image", "content": {f"image/{t}": {"schema": {"type": "string"}} for t in ("jpeg", "png", "webp")}}})
-def get_annotated(page_id: Id, svc: ServiceDep, who: CallerDep) -> Response:
-    """The page's annotated image (its lines drawn on it)."""
+def get_annotated(page_id: Id, svc: ServiceDep, who: CallerDep, turn: TurnDep) -> Response:
+    """The page's annotated image (its lines drawn on it), drawn on request when the worker did not draw it."""
     found = status_reads.get_page(svc.db, page_id, tenant_id=who.tenant_id)
-    key = found.job.annotated_key
-    if not key:
-        raise ApiError(404, "not_found", "this page has no annotated image")
-    data = svc.store.get(key)
-    encoding = format_of(data)
-    media = media_type(encoding) if encoding is not None else media_type_of("." + key.rsplit(".", 1)[-1])
-    return Response(data, media_type=media, headers={"Cache-Control": "private, max-age=300"})
+    return annotated_file(svc, found, tenant_id=who.tenant_id, waiting=turn.give_back_from_thread)

@@ -31,7 +31,7 @@ from paperlane.errors import UsageError
 from paperlane.priority.broker import PagePublisher, make_celery
 from paperlane.priority.connection import open_redis
 from paperlane.priority.fair import FairLanes
-from paperlane.producer.api.builds import Builder
+from paperlane.producer.api.builds import Builder, Draw
 from paperlane.producer.api.errors import ApiError
 from paperlane.producer.api.limits import Limits
 from paperlane.settings import Settings
@@ -67,8 +67,9 @@ class Service:
     uploads: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(16, thread_name_prefix="upload"))
 
     @classmethod
-    def open(cls, settings: Settings) -> Service:
-        """Open what the routes share; call it in the event loop (the limiters belong to it)."""
+    def open(cls, settings: Settings, *, draw: Draw | None = None) -> Service:
+        """Open what the routes share; call it in the event loop (the limiters belong to it). ``draw``: what draws
+        annotated images on request (``Builder``)."""
         api = settings.api
         db = Database(settings.database_url, pool_size=settings.database.pool_size)
         client = open_redis(settings.redis)
@@ -76,7 +77,7 @@ class Service:
                    registration=CapacityLimiter(api.register_threads), streams=CapacityLimiter(api.stream_threads),
                    dns=ThreadPoolExecutor(api.webhook_concurrency, thread_name_prefix="dns"),
                    ingests=ThreadPoolExecutor(api.ingest_threads, thread_name_prefix="ingest"),
-                   builder=Builder(settings))
+                   builder=Builder(settings, draw=draw))
 
     @cached_property
     def fair(self) -> FairLanes:
