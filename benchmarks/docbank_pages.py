@@ -21,13 +21,14 @@ TeX set them in: column by column, each float where TeX put it. Each line takes 
 tokens inside it have. The truth is the running text in that order: title, authors, date, abstract, section
 headings, paragraphs, lists, references and captions; equations, figures, tables and page feet are left out
 (as HRDoc's and OmniDocBench's are), and so are lines no token lies in. The words drawn in a figure are
-labelled as paragraphs: a line whose centre lies in a figure's box is of the figure. A block is a run of lines of one label,
-each line below the one before it and on the same side of the page: the left column, the right one or across
-both (a caption over both columns and the paragraph under it in one column are two blocks). A page whose PDF order is not
-column by column is skipped: where its paragraph lines change column more than :data:`MAX_SWITCHES` times,
-the PDF was not written in reading order and is no truth of it (9 of the samples; each one's name is printed).
-28 two-column pages remain, 14 in each half. Only two-column pages are kept (at least three paragraph lines in each half of the
-page, each over 30% of the page wide): the single-column ones have no order to get wrong that HRDoc's do not already test.
+labelled as paragraphs: a line whose centre lies in a figure's box is of the figure. A block is a run of lines of
+one label, each line below the one before it and on the same side of the page: the left column, the right one or
+across both (a caption over both columns and the paragraph under it in one column are two blocks). A page whose
+PDF order is not column by column is skipped: where its paragraph lines change column more than
+:data:`MAX_SWITCHES` times, the PDF was not written in reading order and is no truth of it (9 of the samples; each
+one's name is printed). 28 two-column pages remain, 14 in each half. Only two-column pages are kept (at least
+three paragraph lines in each half of the page, each over 30% of the page wide): the single-column ones have no
+order to get wrong that HRDoc's do not already test.
 
 A copy of the folder with the images shrunk to 72 dpi (HRDoc's resolution: narrow gutters, lines the
 recogniser runs on through them) is read at ``hrdoc_pages.SCALE`` times its size, as HRDoc's pages are, and

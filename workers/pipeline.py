@@ -80,8 +80,9 @@ class Runtime:
                                batch_share=cfg.batch_share)
         log.info("engine %s: batches of %d, %d in flight, %d page slots", engine.info.name, plan.batch_size,
                  cap.batches_in_flight, plan.total)
-        return cls(settings=settings, db=db, store=store, engine=engine, pool=CpuPool(settings, store=store, previews=drawn_by_worker(settings, files=images_back)),
-                   batcher=batcher, outputs=OutputsPool(settings, writer_of(settings, db, store)), slots=plan.total,
+        pool = CpuPool(settings, store=store, previews=drawn_by_worker(settings, files=images_back))
+        return cls(settings=settings, db=db, store=store, engine=engine, pool=pool, batcher=batcher,
+                   outputs=OutputsPool(settings, writer_of(settings, db, store)), slots=plan.total,
                    batch_slots=plan.batch, answers=answers, images_back=images_back, results_back=results_back)
 
     def close(self) -> None:

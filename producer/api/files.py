@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from fastapi.responses import Response
@@ -94,9 +95,7 @@ def _kept(svc: Service, row: DocumentRow, fmt: OutputFormat, page: int | None, *
     """``fmt`` as built for this version of the document's pages: read back when it was built before, else built
     now (its pages spent from the tenant's ``api.build_pages_per_minute``: 429 past it) and kept beside the
     document's outputs. The version changes when a page's result does (the document finishes again)."""
-    finished = as_utc(row.finished_at)
-    version = hashlib.sha256(f"{finished.isoformat() if finished else '-'}/{row.pages_succeeded}/{row.pages_failed}/"
-                             f"{row.pages_total}".encode()).hexdigest()[:16]
+    version = _version(row.finished_at, row.pages_succeeded, row.pages_failed, row.pages_total)
     key = built_key(row.id, version, fmt, page, row.pages_total)
     if row.pages_total > svc.settings.api.max_build_pages:
         raise ApiError(404, "not_written", f"{fmt.value} was not written by the workers, and a document of "
@@ -119,7 +118,8 @@ def annotated_file(svc: Service, found: status_reads.PageView, *, tenant_id: str
     if job.annotated_key:
         data = svc.store.get(job.annotated_key)
         encoding = format_of(data)
-        media = media_type(encoding) if encoding is not None else media_type_of("." + job.annotated_key.rsplit(".", 1)[-1])
+        suffix = "." + job.annotated_key.rsplit(".", 1)[-1]
+        media = media_type(encoding) if encoding is not None else media_type_of(suffix)
         return Response(data, media_type=media, headers=_PRIVATE)
     if not views.page_state(job).final:
         raise ApiError(409, "not_ready", "the page is still being processed", {"Retry-After": "1"})
@@ -127,14 +127,21 @@ def annotated_file(svc: Service, found: status_reads.PageView, *, tenant_id: str
     if job.status != JobStatus.SUCCEEDED or draw is None:
         raise ApiError(404, "not_found", "this page has no annotated image")
     fmt = svc.settings.worker.annotated_format
-    finished = as_utc(job.finished_at)
-    key = drawn_key(job.id, hashlib.sha256((finished.isoformat() if finished else "-").encode()).hexdigest()[:16], fmt)
+    key = drawn_key(job.id, _version(job.finished_at), fmt)
     try:
         data = svc.store.get(key)
     except ObjectNotFound:
         _spend(svc, tenant_id, 1)
         data = svc.builder.build(DrawTask(found.page.id, key, draw), waiting=waiting)  # drawn, kept, in a process
     return Response(data, media_type=media_type(fmt), headers=_PRIVATE)
+
+
+def _version(finished_at: datetime | None, *counts: int) -> str:
+    """What names one version of what was built from results: when they last finished, and any ``counts`` that
+    change with them (a document's pages succeeded, failed and in all)."""
+    finished = as_utc(finished_at)
+    parts = [finished.isoformat() if finished else "-", *map(str, counts)]
+    return hashlib.sha256("/".join(parts).encode()).hexdigest()[:16]
 
 
 def _spend(svc: Service, tenant_id: str, pages: int) -> None:
