@@ -3,7 +3,8 @@
 A stream of documents (``producer.inputs``) is registered a chunk at a time: originals are
 uploaded on a thread pool while reading goes on (small ones packed together, one PUT for hundreds of
 pages), then the chunk's jobs, documents and pages are inserted in one transaction and its new work
-published in one go. Memory is bounded by the chunk and the uploads in flight, not the ingest.
+published in one go, on a thread of its own while the next chunk is read (one chunk at a time, in order).
+Memory is bounded by two chunks and the uploads in flight, not the ingest.
 
 A page's job is keyed by its original's content hash, its page number in it and what is asked of
 it, so a page that occurs in several documents is one job: a queued, running or succeeded job is
@@ -166,6 +167,9 @@ class Submitter:
         self._reserved = 0  # pages reserved for documents staged and not registered yet
         self._ahead = 0  # pages reserved for documents not read yet (``_take``)
         self._block = RESERVE_AHEAD  # how many pages the next reservation asks for
+        # One chunk is registered on this thread while the next one is read (``_hand_over``).
+        self._registrar = ThreadPoolExecutor(max_workers=1, thread_name_prefix="register")
+        self._registering: Future[tuple[list[SubmittedPage], int]] | None = None
 
     def submit(self, items: Iterable[Document | Skipped], *, name: str,
                sources: list[str]) -> Iterator[SubmittedPage | Skipped]:
@@ -178,6 +182,8 @@ class Submitter:
         try:
             yield from self._chunks(ingest_id, items, known)
         finally:
+            self._abandon_registering()
+            self._registrar.shutdown(wait=True)
             if self._own_uploads:
                 self._uploads.shutdown(wait=True, cancel_futures=True)
             if self.pages is not None and self._reserved + self._ahead:
@@ -213,15 +219,43 @@ class Submitter:
                 chunk.append(self._stage(ingest_id, seq, item))
             except OverBudget:
                 if chunk and self.register_fitting:  # what fits is registered: run again, the submit resumes after it
-                    yield from self._register(ingest_id, chunk)
+                    yield from self._hand_over(ingest_id, chunk)
+                yield from self._registered()
                 raise
             seq += 1
             pages += chunk[-1].row.pages_total
             if pages >= self.chunk_pages:
-                yield from self._register(ingest_id, chunk)
+                yield from self._hand_over(ingest_id, chunk)
                 chunk, pages = [], 0
         if chunk:
-            yield from self._register(ingest_id, chunk)
+            yield from self._hand_over(ingest_id, chunk)
+        yield from self._registered()
+
+    def _hand_over(self, ingest_id: str, chunk: list[_Doc]) -> list[SubmittedPage]:
+        """Start registering ``chunk`` on the registrar thread, once the chunk before it is registered: its pages are
+        returned (its error raised). The next chunk is read and stored meanwhile: registering waits on the database,
+        the broker and the last uploads, reading on the files, and neither waits for the other."""
+        self._flush_pack(ingest_id)
+        before = self._registered()
+        self._registering = self._registrar.submit(self._register, ingest_id, chunk)
+        return before
+
+    def _registered(self) -> list[SubmittedPage]:
+        """The pages of the chunk being registered, once it is (raises what registering it raised)."""
+        pending, self._registering = self._registering, None
+        if pending is None:
+            return []
+        pages, reserved = pending.result()
+        self._reserved -= reserved
+        return pages
+
+    def _abandon_registering(self) -> None:
+        """The submit stops (an error, or its caller stopped iterating): the chunk being registered is waited for,
+        so that what it reserved is counted once, as registered or as given back."""
+        try:
+            self._registered()
+        except Exception:  # noqa: BLE001 - the error that stopped the submit is the one raised
+            log.warning("registering the last chunk failed as the submit stopped", exc_info=True)
 
     def _stage(self, ingest_id: str, seq: int, doc: Document) -> _Doc:
         """The document's rows, its original on its way to the store (its pages reserved first)."""
@@ -317,8 +351,8 @@ class Submitter:
             doc.upload = upload
         self._pack, self._pack_docs = bytearray(), []
 
-    def _register(self, ingest_id: str, chunk: list[_Doc]) -> Iterator[SubmittedPage]:
-        self._flush_pack(ingest_id)
+    def _register(self, ingest_id: str, chunk: list[_Doc]) -> tuple[list[SubmittedPage], int]:
+        """Register ``chunk`` (on the registrar thread): its pages, and the pages of the budget it had reserved."""
         t0 = time.perf_counter()
         for doc in chunk:
             if doc.upload is not None:
@@ -336,16 +370,18 @@ class Submitter:
         reserved = sum(d.reserved for d in chunk)
         found = ingests.register(self.db, ingest_id, jobs=jobs, documents=[d.row for d in chunk], pages=pages,
                                  reserved=reserved)
-        self._reserved -= reserved
         actions = self._settle(found, {p.job_id for d, p in refs if d.row.error is not None})
         self.summary.documents += len(found.new_documents)
         self.summary.pages += len(pages)
+        out = []
         for doc, page in refs:
             action, status = actions[page.job_id]
             self.summary.actions[action.value] = self.summary.actions.get(action.value, 0) + 1
-            yield SubmittedPage(ingest_id=ingest_id, document_id=doc.row.id, page_id=page.id, source=doc.row.source,
-                                name=doc.row.name, page_no=page.page_no, page_count=doc.row.pages_total,
-                                job_id=page.job_id, lane=self.lane, status=status, action=action, error=doc.row.error)
+            out.append(SubmittedPage(ingest_id=ingest_id, document_id=doc.row.id, page_id=page.id,
+                                     source=doc.row.source, name=doc.row.name, page_no=page.page_no,
+                                     page_count=doc.row.pages_total, job_id=page.job_id, lane=self.lane,
+                                     status=status, action=action, error=doc.row.error))
+        return out, reserved
 
     def _job_row(self, doc: _Doc, page_no: int, *, upload_s: float) -> dict:
         if doc.row.error is not None:  # refused: a failed job of its own, keyed by what was refused and why

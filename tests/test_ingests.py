@@ -95,12 +95,15 @@ def test_an_interrupted_ingest_resumes_without_registering_anything_twice(db: Da
     first = Submitter(db=db, store=store, spec=TaskSpec(), chunk_pages=2)
     stream = first.submit(iter(docs), name="archive", sources=["/archive"])
     got = [next(stream) for _ in range(2)]
-    stream.close()  # interrupted after its first chunk: the ingest is never closed
+    stream.close()  # interrupted after its first chunk (the second was registering then): the ingest is never closed
     assert all(isinstance(p, SubmittedPage) for p in got)
+    with db.session() as s:
+        registered = s.scalar(sa.text("SELECT count(*) FROM documents"))
+    assert registered == 4  # the chunk yielded, and the one registering when the submit stopped: waited for
     second = Submitter(db=db, store=store, spec=TaskSpec())
     rest = list(second.submit(iter(docs), name="archive", sources=["/archive"]))
     assert second.summary.resumed and second.summary.ingest_id == got[0].ingest_id  # type: ignore[union-attr]
-    assert second.summary.skipped_before == 2 and len(rest) == 4
+    assert second.summary.skipped_before == 4 and len(rest) == 2
     row, progress, _ = status_reads.ingest_progress(db, second.summary.ingest_id)
     assert (row.documents_total, progress.total) == (6, 6)
     with db.session() as s:

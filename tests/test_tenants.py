@@ -8,10 +8,11 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy import func, select
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from paperlane.errors import OverBudget, UsageError
+from paperlane.errors import OverBudget, StorageUnavailable, UsageError
 from paperlane.producer.input_items import Document
 from paperlane.producer.submit import RESERVE_AHEAD, SubmittedPage, Submitter
 from paperlane.retry import RetryPolicy
@@ -20,7 +21,7 @@ from paperlane.storage import ingests, tenants, webhooks
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database, utcnow
 from paperlane.storage.localfs import LocalStore
-from paperlane.storage.tables import Base
+from paperlane.storage.tables import Base, JobRow
 from tests.pages import tiny_page
 from tests.test_ingests import doc, succeed
 
@@ -182,6 +183,24 @@ def test_an_ingest_reserves_its_budget_a_block_at_a_time_and_keeps_only_what_it_
     with pytest.raises(OverBudget) as raised:
         submit(tight, "again")
     assert raised.value.retryable and tight.budget.room() == (250, 250) and tight.budget.month() == 250
+
+
+def test_a_submit_whose_originals_cannot_be_stored_gives_back_every_page_it_reserved(db: Database,
+                                                                                      tmp_path: Path) -> None:
+    """A chunk is registered on the registrar thread while the next is read: its error (here its originals' upload:
+    the store's folder is a file) stops the submit from the main thread, and what both chunks reserved is given
+    back, counted once."""
+    made = tenants.create_key(db, tenant="unlucky")
+    owner = ingests.Owner(made.tenant_id, made.key_id, None)
+    budget = _budget(db, made.tenant_id, 100)
+    (tmp_path / "store").write_bytes(b"not a folder")
+    sub = Submitter(db=db, store=LocalStore(tmp_path / "store"), spec=TaskSpec(), owner=owner, pages=budget,
+                    chunk_pages=2)
+    with pytest.raises(StorageUnavailable, match="cannot write"):
+        list(sub.submit([doc(f"u{i}", tiny_page(i)) for i in range(7)], name="unlucky", sources=[]))
+    assert budget.room() == (0, 100)
+    with db.session() as s:
+        assert s.scalar(select(func.count()).select_from(JobRow)) == 0
 
 
 def _try(fn: Callable[[int], None], n: int) -> Exception | None:
