@@ -223,6 +223,42 @@ def group_cpu(pgid: int) -> dict[int, float]:
     return found
 
 
+def process_table() -> dict[int, tuple[str, int, float]]:
+    """Every live process's command name, process group and own CPU seconds (user + system, without reaped
+    children), by pid, from ``/proc/<pid>/stat``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    found = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:  # the process ended while we looked
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        found[int(entry.name)] = (stat[stat.index("(") + 1 : stat.rindex(")")], int(fields[2]),
+                                  (int(fields[11]) + int(fields[12])) / tick)
+    return found
+
+
+SERVICES = {"weed": "SeaweedFS", "postgres": "PostgreSQL", "redis-server": "Redis"}
+
+
+def cpu_by_part(start: dict[int, tuple[str, int, float]], end: dict[int, tuple[str, int, float]], *,
+                processes: dict[int, str], groups: dict[int, str]) -> dict[str, float]:
+    """CPU seconds between two ``process_table`` readings by part of the machine: the processes named in
+    ``processes`` (pid -> name), the process groups named in ``groups`` (pgid -> name), the services (``SERVICES``,
+    by command name), and "other" (every other process). A process that started in between counts from zero; one
+    that ended in between is missing (its CPU is in the machine's busy time, not here)."""
+    parts: dict[str, float] = {}
+    for pid, (comm, pgid, cpu) in end.items():
+        before = start.get(pid)
+        spent = cpu - (before[2] if before is not None and before[0] == comm else 0.0)
+        part = processes.get(pid) or groups.get(pgid) or SERVICES.get(comm, "other")
+        parts[part] = parts.get(part, 0.0) + spent
+    return parts
+
+
 def machine_cpu() -> tuple[float, float]:
     """(busy, elapsed) CPU seconds of the whole machine, summed over cores, from ``/proc/stat``."""
     values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]

@@ -23,6 +23,10 @@ to the stored result (target: 40 ms per page).
 beside it (a process group of its own) writing the documents' outputs; the worker's figures leave them out, and
 the outputs service's CPU per page is printed apart, measured until the last document's outputs are written.
 
+Where the machine's CPU went (the worker path): the window's busy time per page, split over the worker's process
+group, the outputs service, the sim server, SeaweedFS, PostgreSQL, Redis, this benchmark and any other process,
+from /proc: every part shares the same cores, so this says how much of them paperlane has to itself.
+
 --embedded: the same scans in a folder, processed by ``paperlane run DIR --engine vllm`` on the
 embedded stack (SQLite and a local folder, no services). The throughput clock runs from the first
 request the engine sees to the last page's result written to --out: the run's start-up (imports, the
@@ -73,10 +77,12 @@ from common import (
     ENGINE_SHAPE,
     PAPERLANE,
     a4_scan,
+    cpu_by_part,
     finished_jobs,
     group_cpu,
     last_finished,
     machine_cpu,
+    process_table,
     stamped_scans,
     start_paperlane,
     start_services,
@@ -304,11 +310,13 @@ def run_worker(args: argparse.Namespace, root: Path, pages: Iterator[bytes], sim
         outputs = _start_outputs(config, root, command) if args.outputs_apart else None
         worker = start_worker(config, root / "paperlane.log", sim.url, command=command)
         try:
-            start = Probe.read(worker.pid, sim)
+            start, table = Probe.read(worker.pid, sim), process_table()
             outputs_start = sum(group_cpu(outputs.pid).values()) if outputs else 0.0
             while finished_jobs(db) < len(ids):
                 time.sleep(0.5)
             end = Probe.read(worker.pid, sim, at=last_finished(db))
+            _print_machine_parts(table, process_table(), start, end, len(ids), worker=worker.pid,
+                                 outputs=outputs.pid if outputs else None, sim=sim.pid)
             if outputs is not None:
                 while outputs_written(db) < len(ids):
                     time.sleep(0.2)
@@ -332,6 +340,21 @@ def run_worker(args: argparse.Namespace, root: Path, pages: Iterator[bytes], sim
     window = _window(len(ids), failed, start, end, sim)
     window.main_ms = main_s * 1000 / len(ids)
     return window
+
+
+def _print_machine_parts(start: dict[int, tuple[str, int, float]], end: dict[int, tuple[str, int, float]],
+                         probe0: Probe, probe1: Probe, pages: int, *, worker: int, outputs: int | None,
+                         sim: int) -> None:
+    """Where the machine's CPU went over the window, per page: paperlane's process groups, the simulated engine,
+    the services (all on these cores), this benchmark's own process, every other process, and what no live
+    process accounts for (processes that ended in the window, such as replaced pool processes, and interrupts)."""
+    groups = {worker: "worker group"} | ({outputs: "outputs"} if outputs else {})
+    parts = cpu_by_part(start, end, processes={sim: "sim server", os.getpid(): "benchmark"}, groups=groups)
+    busy = probe1.machine[0] - probe0.machine[0]
+    shown = [*groups.values(), "sim server", "SeaweedFS", "PostgreSQL", "Redis", "benchmark", "other"]
+    cells = [f"{name} {parts.get(name, 0.0) * 1000 / pages:.1f}" for name in shown]
+    print(f"machine CPU per page: {busy * 1000 / pages:.1f} ms in all = {', '.join(cells)}, no live process "
+          f"{(busy - sum(parts.values())) * 1000 / pages:.1f} (ms; from /proc, over the same window)")
 
 
 def _start_outputs(config: Path, root: Path, command: list[str] | None) -> subprocess.Popen[bytes]:
