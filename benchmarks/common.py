@@ -201,6 +201,19 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(timeout=10)
 
 
+def _proc_stats() -> Iterator[tuple[int, str, list[str]]]:
+    """Each live process's pid, command name and the fields of ``/proc/<pid>/stat`` after the name (state, ppid,
+    pgrp, ...: the name may hold spaces and parentheses)."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:  # the process ended while we looked
+            continue
+        yield int(entry.name), stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+
+
 def group_cpu(pgid: int) -> dict[int, float]:
     """CPU seconds (user + system) of each live process in process group ``pgid``, by pid.
 
@@ -208,37 +221,16 @@ def group_cpu(pgid: int) -> dict[int, float]:
     process that was replaced still counts once it was waited for. Read from ``/proc/<pid>/stat``.
     """
     tick = os.sysconf("SC_CLK_TCK")
-    found = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-        except OSError:  # the process ended while we looked
-            continue
-        # Fields after the command name (which may hold spaces and parentheses): state, ppid, pgrp, ...
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[2]) == pgid:
-            found[int(entry.name)] = sum(int(v) for v in fields[11:15]) / tick  # utime, stime, cutime, cstime
-    return found
+    return {pid: sum(int(v) for v in fields[11:15]) / tick  # utime, stime, cutime, cstime
+            for pid, _, fields in _proc_stats() if int(fields[2]) == pgid}
 
 
 def process_table() -> dict[int, tuple[str, int, float]]:
     """Every live process's command name, process group and own CPU seconds (user + system, without reaped
     children), by pid, from ``/proc/<pid>/stat``."""
     tick = os.sysconf("SC_CLK_TCK")
-    found = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-        except OSError:  # the process ended while we looked
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        found[int(entry.name)] = (stat[stat.index("(") + 1 : stat.rindex(")")], int(fields[2]),
-                                  (int(fields[11]) + int(fields[12])) / tick)
-    return found
+    return {pid: (comm, int(fields[2]), (int(fields[11]) + int(fields[12])) / tick)
+            for pid, comm, fields in _proc_stats()}
 
 
 SERVICES = {"weed": "SeaweedFS", "postgres": "PostgreSQL", "redis-server": "Redis"}
