@@ -8,9 +8,9 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from sqlalchemy import func, select
 
 from paperlane.errors import OverBudget, StorageUnavailable, UsageError
 from paperlane.producer.input_items import Document
