@@ -157,6 +157,8 @@ def main() -> int:
     p.add_argument("--processes", type=int, default=2, help="CPU preprocessing processes")
     p.add_argument("--shape", default=ENGINE_SHAPE, choices=sorted(SHAPES), help="the engine's shape "
                    "(tests/sim_shape.py): a whole H200 by default; quarter-h200-hunyuanocr asks a quarter of it")
+    p.add_argument("--stream-interval", type=int, default=None, help="tokens a streamed chunk paperlane asks of "
+                   "the server (engine.stream_interval, default 16; 1: a chunk per token, as vLLM streams unasked)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a paperlane setting as in the environment without the prefix, e.g. ENGINE__MAX_IN_FLIGHT=32")
     p.add_argument("--embedded", action="store_true", help="measure `paperlane run` instead of a worker")
@@ -173,6 +175,8 @@ def main() -> int:
                    "against two servers of --shape (default wide-slow) fed at once")
     p.add_argument("--seconds", type=float, default=40, help="--window-compare: how long both are fed")
     args = p.parse_args()
+    if args.stream_interval:
+        args.set.append(f"ENGINE__STREAM_INTERVAL={args.stream_interval}")
     if args.window_compare:
         return compare_windows(args.shape if args.shape != ENGINE_SHAPE else "wide-slow", args.seconds)
     if args.embedded:
@@ -459,6 +463,9 @@ def report(w: Window, sim: SimEngine, *, prefix: str) -> tuple[float, float, flo
     print(f"decode:       {e['decoded_tokens']:,} tokens; capacity used {fed:.3f} while pages kept coming "
           f"({e['last_arrival'] - first:.1f}s), {whole:.3f} to the last answer ({e['last_end'] - first:.1f}s, "
           f"the drain included); pages/s over the engine's nominal {rate / sim.rate:.3f}")
+    chunks = e["chunks"]
+    print(f"streamed:     {chunks:,} chunks, {e['decoded_tokens'] / max(1, chunks):.1f} tokens a chunk, "
+          f"{chunks / max(1, e['requests']):.0f} a request")
     print(f"{prefix}engine_utilisation={fed:.3f}")
     return rate, fed, w.cpu_s * 1000 / w.pages
 

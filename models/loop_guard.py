@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from paperlane.errors import EngineError, EngineOutputError
-from paperlane.metrics import ENGINE_TOKENS
+from paperlane.metrics import ENGINE_CHUNKS, ENGINE_TOKENS
 from paperlane.models.degeneration import DegenerationDetector, Verdict
 from paperlane.models.engine import EngineOutput, EngineRequest, Outcome, PreparedImage
 from paperlane.models.profiles import Profile
@@ -148,6 +148,7 @@ class LoopGuard:
         if self._guard.enabled and reading.verdict is None:
             reading.verdict = detector.finish()
         ENGINE_TOKENS.labels("abandoned" if reading.abandoned else "completed").inc(reading.completion_tokens)
+        ENGINE_CHUNKS.inc(len(reading.pieces))
         return reading
 
     def _graded(self, req: EngineRequest, raw: str, reading: Reading, usage: Usage, flags: set[QualityFlag],

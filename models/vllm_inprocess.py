@@ -142,8 +142,10 @@ class VllmInprocessEngine(VlmEngineBase):
         from vllm.sampling_params import RequestOutputKind
 
         prompt = {"prompt": self._prompt(req), "multi_modal_data": {"image": to_pil(req.image)}}
+        # Tokens in chunks of stream_interval (vLLM 0.32): each chunk is Python work in this process.
         params = SamplingParams(**sampling, output_kind=RequestOutputKind.DELTA,
-                                logprobs=0 if self._cfg.logprobs else None)
+                                logprobs=0 if self._cfg.logprobs else None,
+                                stream_interval=self._cfg.stream_interval if self._cfg.stream_interval > 1 else None)
         request_id = uuid.uuid4().hex
         # vLLM ignores a priority under "fcfs"; it documents an error for one there, so send none.
         priority = req.priority if self._by_priority else 0

@@ -17,7 +17,8 @@ start): vLLM refuses ``max_tokens > max_model_len`` with HTTP 400 and itself low
 ``max_tokens`` to the context the prompt leaves, so an answer cut there is flagged ``truncated``.
 
 Every answer is streamed (``stream: true``, the usage in every chunk, each token's log-probability when
-``engine.logprobs``) through the loop guard (models/loop_guard.py): a degenerate answer is stopped by
+``engine.logprobs``; ``engine.stream_interval`` tokens a chunk, asked with each request, where vLLM's own default is
+a chunk per token: each chunk is an event this process reads) through the loop guard (models/loop_guard.py): a degenerate answer is stopped by
 closing its response, which makes vLLM abort the request and free its sequence, then tried again or
 replaced by the embedded engine's reading.
 """
@@ -74,6 +75,9 @@ class VllmServerEngine(VlmEngineBase):
         self._max_model_len: int | None = None
         self._max_tokens = cfg.max_tokens
         self._sends_priority = True
+        # Tokens a streamed chunk, asked of the server with each request (None: a chunk per token, its default).
+        self._stream_interval: int | None = cfg.stream_interval if cfg.stream_interval > 1 else None
+        self._chunks_checked = False  # whether an answer has shown the server honours it
         self._guard = LoopGuard(cfg, self._profile, engine_name="vllm")
         self.in_flight = 0
         self.peak_in_flight = 0  # the most requests this engine has had at the server at once
@@ -240,23 +244,27 @@ class VllmServerEngine(VlmEngineBase):
                                 "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
         if self._cfg.logprobs:
             body["logprobs"] = True
-        for _ in range(2):  # once more without a priority the server refused
-            if self._sends_priority:
-                body["priority"] = req.priority
-            else:
-                body.pop("priority", None)
+        for _ in range(3):  # again without a field the server refused (priority, stream_interval)
+            _put(body, "priority", req.priority if self._sends_priority else None)
+            _put(body, "stream_interval", self._stream_interval)
             pool = self._pool_load.index(min(self._pool_load))  # the least busy pool
             self._pool_load[pool] += 1
             try:
                 async with self._client_stream(self._pools[pool], body, url) as resp:
                     if resp.status_code >= 400:
                         await resp.aread()
-                        if "priority" in body and _refuses_priority(resp):
+                        if "stream_interval" in body and _refuses(resp, "stream_interval"):
+                            self._stop_asking_interval(resp)
+                            continue
+                        if "priority" in body and _refuses(resp, "priority"):
                             self._stop_sending_priority(resp)
                             continue
                         raise _refusal(resp)
+                    chunks, tokens = 0, 0
                     async for delta in _deltas(resp):
+                        chunks, tokens = chunks + 1, delta.completion_tokens or tokens
                         yield delta
+                    self._check_chunks(chunks, tokens)
                     return
             except httpx.TimeoutException as exc:
                 raise EngineUnavailable(f"vllm server timed out after {self._cfg.request_timeout:.0f}s",
@@ -275,6 +283,27 @@ class VllmServerEngine(VlmEngineBase):
         raw = b"".join((head, *image_url, tail)) if slot else head
         return client.stream("POST", f"{self._base}/chat/completions", content=raw,
                              headers={"content-type": "application/json"})
+
+    def _stop_asking_interval(self, resp: httpx.Response) -> None:
+        if self._stream_interval is None:  # pages in flight together all hear the refusal: warn once
+            return
+        log.warning("vllm server %s refuses stream_interval (%s): answers come a chunk per token unless it is started "
+                    "with --stream-interval %d", self._base, _error_message(resp), self._stream_interval)
+        self._stream_interval = None
+        self._chunks_checked = True
+
+    def _check_chunks(self, chunks: int, tokens: int) -> None:
+        """Judge the first answer of at least four intervals: when it came in chunks of less than a quarter of the
+        ``stream_interval`` asked, the server ignores the field (a vLLM older than 0.32 does) and the process
+        feeding it pays for every token: warn, once."""
+        asked = self._stream_interval
+        if self._chunks_checked or asked is None or asked < 8 or tokens < 4 * asked:
+            return
+        self._chunks_checked = True
+        if 4 * tokens < asked * chunks:  # a quarter of what was asked: the first and last chunks are short
+            log.warning("vllm server %s streamed %d tokens in %d chunks although each request asks for %d a chunk "
+                        "(stream_interval, vLLM 0.32): the process feeding it spends more per page than it needs to; "
+                        "start the server with --stream-interval %d", self._base, tokens, chunks, asked, asked)
 
     def _stop_sending_priority(self, resp: httpx.Response) -> None:
         if not self._sends_priority:  # pages in flight together all hear the refusal: warn once
@@ -342,11 +371,20 @@ def _delta(chunk: dict[str, Any]) -> Delta:
     return delta
 
 
-def _refuses_priority(resp: httpx.Response) -> bool:
-    # vLLM 0.32 ignores a priority under --scheduling-policy fcfs, but documents "Any priority other than 0 will
-    # raise an error if the served model does not use priority scheduling", and its V0 engine did
-    # ("Got priority 5 but Priority scheduling is not enabled.", HTTP 400): a 400 naming it is that refusal.
-    return resp.status_code == 400 and "priority" in _error_text(resp).lower()
+def _refuses(resp: httpx.Response, field: str) -> bool:
+    """Whether ``resp`` is the server refusing the request's ``field``: a 400 that names it. vLLM 0.32 ignores a
+    priority under --scheduling-policy fcfs, but documents "Any priority other than 0 will raise an error if the
+    served model does not use priority scheduling", and its V0 engine did ("Got priority 5 but Priority scheduling is
+    not enabled.", HTTP 400); a server that knows no stream_interval may refuse it instead of ignoring it."""
+    return resp.status_code == 400 and field in _error_text(resp).lower()
+
+
+def _put(body: dict[str, Any], field: str, value: object) -> None:
+    """``body[field] = value``, or no ``field`` when ``value`` is None."""
+    if value is None:
+        body.pop(field, None)
+    else:
+        body[field] = value
 
 
 def _error_text(resp: httpx.Response) -> str:

@@ -30,6 +30,8 @@ ENGINE_IN_FLIGHT = Gauge("paperlane_engine_pages_in_flight", "pages inside engin
 ENGINE_TOKENS = Counter("paperlane_engine_tokens", "tokens the engine decoded for this process's pages, by outcome: "
                         "completed (answers read to their end) or abandoned (answers stopped mid-stream as "
                         "degenerate; the engine freed their sequence)", ["outcome"])
+ENGINE_CHUNKS = Counter("paperlane_engine_chunks", "streamed pieces of answers the engine sent this process: "
+                        "paperlane_engine_tokens over this is the tokens a chunk (engine.stream_interval)")
 PAGE_FLAGS = Counter("paperlane_page_flags", "pages stored with each quality flag (loop_stopped, retried, "
                      "fallback, truncated, empty, low_confidence)", ["flag"])
 PAGES_GRADED = Counter("paperlane_pages_graded", "pages stored with a quality grade, by whether they need review",

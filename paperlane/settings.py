@@ -185,6 +185,10 @@ class EngineSettings(BaseModel):
     device: str = "auto"
     dtype: str = "auto"
     logprobs: bool = Field(True, description="ask vLLM for each token's log-probability: a page's confidence")
+    stream_interval: int = Field(16, ge=1, description="vllm, vllm-inprocess: tokens a streamed chunk, asked with "
+                                 "each request (vLLM 0.32's stream_interval; its own default is a chunk per token, "
+                                 "each an event for the process feeding it to read); a loop is stopped at most this "
+                                 "many tokens later. 1: every token")
     min_confidence: float = Field(0.8, ge=0, le=1, description="a page whose confidence is lower is flagged "
                                   "low_confidence and needs review")
     guard: LoopGuardSettings = Field(default_factory=LoopGuardSettings)

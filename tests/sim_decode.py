@@ -125,11 +125,12 @@ class SlotScheduler(Admission):
 class Sequence:
     """One request decoding: ``target`` tokens after a prefill of ``prefill`` seconds."""
 
-    __slots__ = ("target", "prefill", "decoded", "emitted", "ready_at", "progress", "run_id", "start")
+    __slots__ = ("target", "prefill", "interval", "decoded", "emitted", "ready_at", "progress", "run_id", "start")
 
-    def __init__(self, *, target: int, prefill: float) -> None:
+    def __init__(self, *, target: int, prefill: float, interval: int = 1) -> None:
         self.target = target
         self.prefill = prefill
+        self.interval = interval  # tokens a streamed chunk
         self.decoded = 0.0  # tokens decoded so far (fractional between ticks)
         self.emitted = 0  # tokens handed to the client so far
         self.ready_at = 0.0  # monotonic time its prefill ends
@@ -168,7 +169,7 @@ class DecodeScheduler(Admission):
 
     async def next_chunk(self, seq: Sequence) -> int:
         """Wait for ``seq``'s next chunk; the number of tokens decoded by then (all of them once complete)."""
-        while not seq.complete and seq.decoded - seq.emitted < self.shape.stream_interval:
+        while not seq.complete and seq.decoded - seq.emitted < seq.interval:
             seq.progress.clear()
             await seq.progress.wait()
         seq.emitted = seq.target if seq.complete else int(seq.decoded)
@@ -188,7 +189,9 @@ class DecodeScheduler(Admission):
         last = time.monotonic()
         try:
             while self.active:
-                await asyncio.sleep(self.shape.tick_s)
+                # Short intervals need short ticks: a chunk per token is a tick per token's time.
+                shortest = min(seq.interval for seq in self.active)
+                await asyncio.sleep(min(self.shape.tick_s, shortest / self.shape.stream_tokens_per_s))
                 now = time.monotonic()
                 self._advance(last, now)
                 last = now
@@ -204,5 +207,5 @@ class DecodeScheduler(Admission):
             step = min(seq.target - seq.decoded, rate * (now - max(last, seq.ready_at)))
             seq.decoded += step
             self.decoded += step
-            if seq.complete or seq.decoded - seq.emitted >= self.shape.stream_interval:
+            if seq.complete or seq.decoded - seq.emitted >= seq.interval:
                 seq.progress.set()

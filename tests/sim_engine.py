@@ -36,7 +36,8 @@ aborts a request on disconnect.
 It is cheap on CPU because it shares the machine with what it measures: a small asyncio HTTP/1.1
 server (no framework, no h11), the body JSON-decoded once, the image never decoded (only its size is
 read from the JPEG/PNG header), decode progress advanced for all sequences at once every tick and
-streamed in chunks of several tokens (vLLM's ``--stream-interval``).
+streamed in chunks of the tokens each request asks (``stream_interval``, a vLLM 0.32 request field; the server's own
+``--stream-interval``, 1 unless given, is the least).
 
 Observability for tests: ``GET /sim/stats`` (totals, tokens decoded by outcome, running, waiting, decode
 capacity used, per-image request counts) and ``--log PATH``, one JSON line per finished request, written
@@ -57,6 +58,7 @@ import binascii
 import hashlib
 import io
 import itertools
+import dataclasses
 import json
 import signal
 import subprocess
@@ -116,10 +118,13 @@ class Chat:
     continuous_usage: bool = False  # stream_options.continuous_usage_stats: the usage in every chunk
     logprobs: bool = False
     repetition_penalty: float = 1.0
+    stream_interval: int = 1  # tokens a streamed chunk asked for (vLLM 0.32's request field)
 
 
-def read_chat(body: dict[str, Any], *, model: str, max_model_len: int, priority_scheduling: bool) -> Chat:
-    """Validate a chat request as vLLM's OpenAI server does; raises ``BadRequest``."""
+def read_chat(body: dict[str, Any], *, model: str, max_model_len: int, priority_scheduling: bool,
+              stream_interval_field: str = "honour") -> Chat:
+    """Validate a chat request as vLLM's OpenAI server does; raises ``BadRequest``. ``stream_interval_field``: see
+    ``Options``."""
     if body.get("model") not in (None, model):
         raise BadRequest(f"The model `{body.get('model')}` does not exist.", status=404, kind="NotFoundError")
     max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
@@ -151,10 +156,17 @@ def read_chat(body: dict[str, Any], *, model: str, max_model_len: int, priority_
     if not isinstance(penalty, int | float) or penalty <= 0:
         raise BadRequest(f"repetition_penalty must be greater than zero, got {penalty}.", param="repetition_penalty",
                          value=penalty)
+    interval = body.get("stream_interval")
+    if interval is not None and stream_interval_field == "refuse":
+        raise BadRequest("Unrecognized request argument supplied: stream_interval", param="stream_interval")
+    interval = 1 if interval is None or stream_interval_field == "ignore" else interval
+    if not isinstance(interval, int) or isinstance(interval, bool) or interval < 1:
+        raise BadRequest(f"stream_interval must be an integer of at least 1, got {interval!r}.",
+                         param="stream_interval", value=interval)
     return Chat(priority, read_prompt(text), sha, width, height, prompt_tokens, max_tokens,
                 stream=bool(body.get("stream")), include_usage=bool(options.get("include_usage")),
                 continuous_usage=bool(options.get("continuous_usage_stats")), logprobs=bool(body.get("logprobs")),
-                repetition_penalty=float(penalty))
+                repetition_penalty=float(penalty), stream_interval=interval)
 
 
 def _user_parts(messages: object) -> tuple[str, str | None]:
@@ -221,6 +233,9 @@ class Options:
     model: str
     shape: EngineShape | None = None
     behaviour: Behaviour = field(default_factory=Behaviour)
+    # A request's stream_interval: "honour" (vLLM 0.32), "ignore" (older vLLM: an unknown field, ignored) or
+    # "refuse" (a stricter server: HTTP 400 naming it).
+    stream_interval_field: str = "honour"
 
 
 @dataclass
@@ -250,6 +265,7 @@ class SimServer:
         self.ideal: dict[tuple[str, str], int] = {}  # (image, task) -> tokens of its answer without a loop
         self.loop_pages: set[tuple[str, str]] = set()
         self.looped = 0  # requests whose answer looped
+        self.chunks = 0  # streamed chunks that carried tokens
         self.last_arrival: float | None = None  # the last request that reached the queue, and the tokens
         self.decoded_at_last_arrival = 0.0  # decoded by then: the engine's work while it had requests coming
         self._n = itertools.count(1)
@@ -305,7 +321,8 @@ class SimServer:
         ``last_arrival`` and ``decoded_at_last_arrival`` (when the last request came, and the tokens decoded
         by then: the engine's use while requests kept coming).
         ``ideal_tokens``: what the pages seen would cost without loops (each page and task once);
-        ``loop_pages`` and ``looped``: pages that looped, requests that did. ``per_image``: requests that
+        ``loop_pages`` and ``looped``: pages that looped, requests that did; ``chunks``: streamed chunks that
+        carried tokens (the last tokens come in the answer's last one, not counted). ``per_image``: requests that
         reached the queue by the sha1 of their image data URL, whatever became of them."""
         s = self.sched
         out: dict[str, Any] = {
@@ -316,7 +333,7 @@ class SimServer:
             "busy_slot_seconds": round(s.busy_now(), 4), "first_start": s.first_start, "last_end": s.last_end,
             "now": time.time(), "tokens": dict(self.decode.tokens if self.decode else self.tokens),
             "ideal_tokens": sum(self.ideal.values()), "pages": len(self.ideal), "loop_pages": len(self.loop_pages),
-            "looped": self.looped}
+            "looped": self.looped, "chunks": self.chunks}
         if self.decode is not None:
             shape, decoded = self.decode.shape, self.decode.decoded
             window = out["now"] - s.first_start if s.first_start is not None else 0.0
@@ -338,7 +355,8 @@ class SimServer:
                 raise BadRequest("the body must be a JSON object")
             record["priority"] = body.get("priority", 0)
             chat = read_chat(body, model=self.opts.model, max_model_len=self.opts.max_model_len,
-                             priority_scheduling=self.opts.priority_scheduling)
+                             priority_scheduling=self.opts.priority_scheduling,
+                             stream_interval_field=self.opts.stream_interval_field)
         except (BadRequest, ValueError) as exc:
             err = exc if isinstance(exc, BadRequest) else BadRequest(f"invalid JSON body: {exc}")
             self.rejected += 1
@@ -391,7 +409,8 @@ class SimServer:
             yield gen.tokens
             return
         assert self.opts.shape is not None
-        seq = Sequence(target=gen.tokens, prefill=self.opts.shape.prefill(chat.prompt_tokens))
+        seq = Sequence(target=gen.tokens, prefill=self.opts.shape.prefill(chat.prompt_tokens),
+                       interval=max(chat.stream_interval, self.opts.shape.stream_interval))
         await self.decode.admit(seq, chat.priority)
         record["start"] = seq.start
         try:
@@ -432,6 +451,7 @@ class SimServer:
                     yield event({"content": gen.content[sent * CHARS_PER_TOKEN : upto * CHARS_PER_TOKEN]},
                                 logprobs=self._logprobs(chat, gen, sent, upto), usage=usage)
                     sent = upto
+                    self.chunks += 1
         except asyncio.CancelledError:
             self._aborted(record)
             raise
@@ -630,14 +650,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs")
     p.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
     p.add_argument("--served-model-name", default=DEFAULT_MODEL)
+    p.add_argument("--stream-interval", type=int, help="shaped: tokens a streamed chunk at least, whatever a "
+                   "request asks (vLLM's --stream-interval); default: the shape's (1, as vLLM's)")
+    p.add_argument("--stream-interval-field", choices=("honour", "ignore", "refuse"), default="honour",
+                   help="what a request's stream_interval gets: honoured (vLLM 0.32), ignored (older vLLM) or refused")
     p.add_argument("--log", type=Path, help="append one JSON line per finished request")
     args = p.parse_args(argv)
     shape = SHAPES[args.shape] if args.shape else None
+    if shape is not None and args.stream_interval:
+        shape = dataclasses.replace(shape, stream_interval=args.stream_interval)
     slots = args.slots or (shape.max_num_seqs if shape else 16)
     behaviour = Behaviour(loop_share=args.loop_share, stubborn_share=args.stubborn_share,
                           loop_penalty=args.loop_penalty, hard_share=args.hard_share)
     opts = Options(slots=slots, latency=args.latency, priority_scheduling=args.scheduling_policy == "priority",
-                   max_model_len=args.max_model_len, model=args.served_model_name, shape=shape, behaviour=behaviour)
+                   max_model_len=args.max_model_len, model=args.served_model_name, shape=shape, behaviour=behaviour,
+                   stream_interval_field=args.stream_interval_field)
     asyncio.run(serve(opts, host=args.host, port=args.port, log_path=args.log))
 
 
@@ -709,11 +736,14 @@ class SimEngine:
 def start_sim_engine(root: Path, *, slots: int | None = None, latency: float = 0.32, shape: str | None = None,
                      behaviour: Behaviour | None = None, scheduling_policy: str = "fcfs",
                      max_model_len: int = DEFAULT_MAX_MODEL_LEN, served_model_name: str = DEFAULT_MODEL,
+                     stream_interval: int | None = None, stream_interval_field: str = "honour",
                      timeout: float = 30) -> SimEngine:
     """Start a simulated engine on a free loopback port; its output and request log go under ``root``.
 
     Fixed mode (``slots`` x ``latency``, 16 slots by default) unless ``shape`` names one of ``SHAPES``
-    (``slots`` then defaults to its ``max_num_seqs``); ``behaviour``: the shaped engine's loops and hard pages.
+    (``slots`` then defaults to its ``max_num_seqs``); ``behaviour``: the shaped engine's loops and hard pages;
+    ``stream_interval``: the server's --stream-interval, the shape's (1) unless given; ``stream_interval_field``:
+    what a request's own gets (``Options``).
     """
     root.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -721,14 +751,18 @@ def start_sim_engine(root: Path, *, slots: int | None = None, latency: float = 0
     out = root / f"sim-engine-{port}.out"
     repo = Path(__file__).resolve().parents[1]
     engine_shape = SHAPES[shape] if shape else None
+    if engine_shape is not None and stream_interval:
+        engine_shape = dataclasses.replace(engine_shape, stream_interval=stream_interval)
     slots = slots or (engine_shape.max_num_seqs if engine_shape else 16)
     b = behaviour or Behaviour()
     shaped = ["--shape", shape, "--loop-share", str(b.loop_share), "--stubborn-share", str(b.stubborn_share),
-              "--loop-penalty", str(b.loop_penalty), "--hard-share", str(b.hard_share)] if shape else []
+              "--loop-penalty", str(b.loop_penalty), "--hard-share", str(b.hard_share),
+              *(["--stream-interval", str(stream_interval)] if stream_interval else [])] if shape else []
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.sim_engine", "--port", str(port), "--slots", str(slots), "--latency",
          str(latency), *shaped, "--scheduling-policy", scheduling_policy, "--max-model-len", str(max_model_len),
-         "--served-model-name", served_model_name, "--log", str(log_path)],
+         "--served-model-name", served_model_name, "--stream-interval-field", stream_interval_field,
+         "--log", str(log_path)],
         cwd=repo, stdout=out.open("wb"), stderr=subprocess.STDOUT)
     engine = SimEngine(f"http://127.0.0.1:{port}/v1", proc, log_path, slots, latency, engine_shape)
     deadline = time.monotonic() + timeout

@@ -15,8 +15,9 @@
 - prefill: 20 ms plus the prompt's vision tokens (one per 32x32 pixels, ~2,900 for an A4 page at 2048
   px) at 30,000 tokens/s, ~0.12 s for an A4 page, during which the sequence holds its slot and decodes
   nothing. Its cost to the other sequences is inside the aggregate ceiling (a simplification);
-- streaming: a chunk per sequence once ``stream_interval`` tokens are ready (vLLM's
-  ``--stream-interval``), decode progress advanced every ``tick_s`` for all sequences at once.
+- streaming: a chunk per sequence once its interval's tokens are ready: the request's ``stream_interval`` (a vLLM
+  0.32 request field), never below the server's ``--stream-interval`` (``stream_interval``, 1 as vLLM's default);
+  decode progress advanced every ``tick_s`` for all sequences at once, or as often as the shortest interval needs.
 
 ``fast`` is the same shape, sped up for tests (a page in ~0.1 s, a loop to 4,096 tokens in ~0.8 s).
 
@@ -49,8 +50,8 @@ class EngineShape:
     spread: float  # sigma of ln(answer length)
     min_tokens: int
     max_tokens: int  # longest answer drawn (a loop runs past it, to the request's max_tokens)
-    stream_interval: int  # tokens per streamed chunk (at least; a tick may give more)
-    tick_s: float  # decode progress is advanced this often
+    stream_interval: int  # the server's --stream-interval: tokens a streamed chunk at least (a request may ask more)
+    tick_s: float  # decode progress is advanced this often (more often for chunks shorter than a tick's tokens)
 
     @property
     def mean_tokens(self) -> float:
@@ -72,25 +73,25 @@ SHAPES: dict[str, EngineShape] = {
     for shape in (
         EngineShape("h200-hunyuanocr", max_num_seqs=40, decode_tokens_per_s=12_000, stream_tokens_per_s=390,
                     prefill_s=0.02, prefill_tokens_per_s=30_000, median_tokens=500, spread=0.6, min_tokens=150,
-                    max_tokens=2000, stream_interval=16, tick_s=0.02),
+                    max_tokens=2000, stream_interval=1, tick_s=0.02),
         # The same model on a quarter of the accelerator (a quarter of its sequences and decode ceiling, each
         # stream as fast): ~5 pages/s, what a 2-core machine's CPU side can keep saturated. Benchmarks of
         # behaviour under saturation (priority, fairness) use it there; a whole H200 needs more cores to feed it.
         EngineShape("quarter-h200-hunyuanocr", max_num_seqs=10, decode_tokens_per_s=3_000, stream_tokens_per_s=390,
                     prefill_s=0.02, prefill_tokens_per_s=30_000, median_tokens=500, spread=0.6, min_tokens=150,
-                    max_tokens=2000, stream_interval=16, tick_s=0.02),
+                    max_tokens=2000, stream_interval=1, tick_s=0.02),
         # A bigger server with a slower model: 80 sequences at 150 tokens/s each reach the same 12,000 tokens/s
         # ceiling, so it needs ~80 answers streaming at once (a fixed window of 32 fills it to ~0.4).
         EngineShape("wide-slow", max_num_seqs=80, decode_tokens_per_s=12_000, stream_tokens_per_s=150,
                     prefill_s=0.02, prefill_tokens_per_s=30_000, median_tokens=500, spread=0.6, min_tokens=150,
-                    max_tokens=2000, stream_interval=16, tick_s=0.02),
+                    max_tokens=2000, stream_interval=1, tick_s=0.02),
         # The same width with slower, shorter answers (~3 s each, ~26 pages/s), for tests of the window.
         EngineShape("wide-slow-short", max_num_seqs=80, decode_tokens_per_s=4_000, stream_tokens_per_s=50,
                     prefill_s=0.02, prefill_tokens_per_s=30_000, median_tokens=150, spread=0.3, min_tokens=80,
-                    max_tokens=300, stream_interval=16, tick_s=0.05),
+                    max_tokens=300, stream_interval=1, tick_s=0.05),
         EngineShape("fast", max_num_seqs=8, decode_tokens_per_s=40_000, stream_tokens_per_s=5_000,
                     prefill_s=0.002, prefill_tokens_per_s=2_000_000, median_tokens=500, spread=0.6, min_tokens=150,
-                    max_tokens=2000, stream_interval=16, tick_s=0.01),
+                    max_tokens=2000, stream_interval=1, tick_s=0.01),
     )
 }
 

@@ -275,3 +275,37 @@ def test_answer_events_are_read_across_chunk_boundaries_up_to_done() -> None:
     assert _read_events(one, two.rstrip()) == want
     with pytest.raises(EngineUnavailable, match="malformed"):
         _read_events(one, b'data: {"choices": [\n\n')
+
+
+# --- streamed chunks -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("server", "warning"), [
+    ("honour", None),  # vLLM 0.32
+    ("ignore", "start the server with --stream-interval 16"),  # an older vLLM: the field is unknown, and ignored
+    ("refuse", "refuses stream_interval"),  # a stricter server: HTTP 400 naming it, once; the page is sent again
+])
+def test_answers_stream_in_the_chunks_asked_or_the_operator_hears_why_not(
+        tmp_path: Path, server: str, warning: str | None, caplog: pytest.LogCaptureFixture) -> None:
+    # A chunk per token is what vLLM streams unasked: each costs the process feeding the engine an event to read.
+    sim = start_sim_engine(tmp_path / "sim", shape="quarter-h200-hunyuanocr", scheduling_policy="priority",
+                           stream_interval_field=server)
+    engine = VllmServerEngine(EngineSettings(kind="vllm", url=sim.url, startup_timeout=30))
+    try:
+        engine.start()
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
+            _outputs(engine.infer(_requests(engine, [5, 5])))
+            _outputs(engine.infer(_requests(engine, [5])))
+        stats = sim.stats()
+    finally:
+        engine.close()
+        sim.stop()
+    per_chunk = stats["decoded_tokens"] / stats["chunks"]
+    if warning is None:
+        assert per_chunk >= 12 and not caplog.records, (per_chunk, caplog.text)
+        return
+    assert per_chunk < 4, per_chunk
+    [record] = caplog.records  # once, whatever the pages in flight
+    assert warning in record.getMessage()
+    refused = [r["status"] for r in sim.requests()].count(400)  # the two pages sent together may both be
+    assert 1 <= refused <= 2 if server == "refuse" else refused == 0

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from conftest import MAX_MODEL_LEN, MAX_TOKENS, SERVED_NAME, VllmServer
+from prometheus_client import REGISTRY
 
 from paperlane.errors import EngineError, EngineOutputError, EngineUnavailable, UsageError
 from paperlane.models.engine import EngineOutput, EngineRequest
@@ -94,6 +95,31 @@ def test_server_engine_sends_priorities(server: str, priorities: list[int], requ
         engine.close()
 
 
+def _streamed() -> tuple[float, float]:
+    """The tokens and the chunks answers have streamed to this process so far (paperlane's metrics)."""
+    tokens = sum(REGISTRY.get_sample_value("paperlane_engine_tokens_total", {"outcome": o}) or 0.0
+                 for o in ("completed", "abandoned"))
+    return tokens, REGISTRY.get_sample_value("paperlane_engine_chunks_total") or 0.0
+
+
+@pytest.mark.parametrize("interval", [16, 1])
+def test_server_engine_asks_for_chunks_of_its_stream_interval(vllm_server: VllmServer, interval: int) -> None:
+    # vLLM streams a chunk per token unless asked (its request field stream_interval, 0.32): the tier's server is
+    # started without --stream-interval, so what the chunks hold is what the requests asked.
+    engine = build_engine(EngineSettings(kind="vllm", url=vllm_server.url, max_tokens=128, stream_interval=interval))
+    engine.start()
+    try:
+        tokens0, chunks0 = _streamed()
+        outcomes = engine.infer(_requests(engine, 2))
+        tokens, chunks = (a - b for a, b in zip(_streamed(), (tokens0, chunks0), strict=True))
+    finally:
+        engine.close()
+    assert all(isinstance(o, EngineOutput) and o.usage and o.usage.completion_tokens == 128 for o in outcomes)
+    assert tokens == 256
+    # Each answer also has a chunk with the role, a last one with the finish reason and one with the usage.
+    assert (tokens / chunks >= 8) if interval == 16 else (tokens / chunks < 1.1), (tokens, chunks)
+
+
 def test_server_engine_errors(vllm_server: VllmServer) -> None:
     down = build_engine(EngineSettings(kind="vllm", url="http://127.0.0.1:9/v1", startup_timeout=1))
     with pytest.raises(EngineUnavailable) as info:
@@ -127,7 +153,11 @@ def test_inprocess_engine(tiny_model: Path, caplog: pytest.LogCaptureFixture) ->
         engine.start()
     assert f"max_tokens {MAX_TOKENS}, scheduling priority)" in caplog.text  # priority unless vllm_args say not
     try:
+        tokens0, chunks0 = _streamed()
         _check_outputs(engine.infer(_requests(engine, 4)), 4)
+        tokens, chunks = (a - b for a, b in zip(_streamed(), (tokens0, chunks0), strict=True))
+        # 16 tokens an answer, in chunks of engine.stream_interval (16): the first token, the rest (and its end).
+        assert tokens == 4 * MAX_TOKENS and chunks <= 4 * 3, (tokens, chunks)
         assert engine.info.name == "vllm-inprocess"
         # Five batch pages, then one interactive page, submitted together: it overtakes all but the first.
         outcomes = engine.infer(_requests(engine, 6, priorities=[9, 9, 9, 9, 9, 0]))
