@@ -56,6 +56,28 @@ class ObjectStore(Protocol):
         ...
 
 
+class DelegatingStore:
+    """``store``'s every call, passed on: the base of a store that changes one of them."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+
+    def put(self, key: str, data: bytes, *, content_type: str = "application/octet-stream") -> None:
+        self.store.put(key, data, content_type=content_type)
+
+    def get(self, key: str, *, max_bytes: int | None = None) -> bytes:
+        return self.store.get(key, max_bytes=max_bytes)
+
+    def exists(self, key: str) -> bool:
+        return self.store.exists(key)
+
+    def size(self, key: str) -> int:
+        return self.store.size(key)
+
+    def url(self, key: str) -> str:
+        return self.store.url(key)
+
+
 def original_key(sha256: str, ext: str) -> str:
     return f"originals/{sha256[:2]}/{sha256}{ext.lower()}"
 

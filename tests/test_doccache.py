@@ -14,7 +14,7 @@ import pytest
 
 from paperlane.errors import InputError, ObjectNotFound
 from paperlane.settings import Settings, WorkerSettings
-from paperlane.storage.objects import ObjectStore, open_store, original_key
+from paperlane.storage.objects import DelegatingStore, ObjectStore, open_store, original_key
 from paperlane.workers.cpu_pool import CpuPool
 from paperlane.workers.doccache import OpenDocuments, Spool, spooled_kind
 from paperlane.workers.input_limits import Limits
@@ -22,12 +22,12 @@ from tests.test_pdfscan import jpeg_of, scan_image
 from tests.test_preprocess import VLM_SPEC, pdf_pages
 
 
-class CountingStore:
+class CountingStore(DelegatingStore):
     """The real store, counting what it returned: reads of each key (what the spool must keep to one per PDF),
     bytes, reads of a whole object (no byte range), and size lookups."""
 
     def __init__(self, store: ObjectStore) -> None:
-        self.store = store
+        super().__init__(store)
         self.reads: dict[str, int] = {}
         self.bytes = self.whole = self.sizes = 0
         self._lock = threading.Lock()
@@ -44,15 +44,6 @@ class CountingStore:
         with self._lock:
             self.sizes += 1
         return self.store.size(key)
-
-    def put(self, key: str, data: bytes, *, content_type: str = "application/octet-stream") -> None:
-        self.store.put(key, data, content_type=content_type)
-
-    def exists(self, key: str) -> bool:
-        return self.store.exists(key)
-
-    def url(self, key: str) -> str:
-        return self.store.url(key)
 
 
 def scanned_pdf(pages: int, *, size: tuple[int, int] = (310, 438), seed: int = 0) -> bytes:

@@ -24,7 +24,7 @@ from paperlane.storage import jobs as jobstore
 from paperlane.storage import outputs as recorded
 from paperlane.storage.db import Database, utcnow
 from paperlane.storage.localfs import LocalStore
-from paperlane.storage.objects import document_key, open_store, result_key
+from paperlane.storage.objects import DelegatingStore, document_key, open_store, result_key
 from paperlane.workers.outputs import Writer, build_outputs
 from paperlane.workers.outputs_pool import OutputsPool, writer_of
 from tests.pages import tiny_page
@@ -136,27 +136,16 @@ def test_a_worker_writes_the_formats_it_is_set_to_and_a_failed_page_keeps_its_pl
     assert f'xlink:href="{document_id}-p2.page.xml"' in mets and 'LABEL="page 2 failed: engine timed out"' in mets
 
 
-class _Counting:
+class _Counting(DelegatingStore):
     """The local store, counting the keys written: a file written twice or one not asked for shows."""
 
     def __init__(self, store: LocalStore, puts: list[str]) -> None:
-        self.store, self.puts = store, puts
+        super().__init__(store)
+        self.puts = puts
 
     def put(self, key: str, data: bytes, *, content_type: str = "application/octet-stream") -> None:
         self.puts.append(key)
         self.store.put(key, data, content_type=content_type)
-
-    def get(self, key: str, *, max_bytes: int | None = None) -> bytes:
-        return self.store.get(key, max_bytes=max_bytes)
-
-    def exists(self, key: str) -> bool:
-        return self.store.exists(key)
-
-    def size(self, key: str) -> int:
-        return self.store.size(key)
-
-    def url(self, key: str) -> str:
-        return self.store.url(key)
 
 
 def test_the_finishing_worker_builds_from_what_it_stored_the_same_files_as_a_reader_of_the_store(

@@ -47,6 +47,7 @@ from paperlane.workers.doccache import OpenDocuments, Source, Spool, read_whole,
 from paperlane.workers.input_limits import Limits
 from paperlane.workers.page_store import Finish, Finished, Stored, finish_objects
 from paperlane.workers.preprocess import PreparedPage, prepare_page
+from paperlane.workers.originals import KeptOriginals
 from paperlane.workers.previews import FOLDER_PREFIX, SpooledPreview
 from paperlane.workers.scratch import ScratchFolder
 
@@ -59,6 +60,7 @@ _documents: OpenDocuments | None = None
 _previews: Path | None = None  # where this process leaves the previews it cuts (``workers.previews``)
 _spool_warned = False
 _memory_limit = 0  # this process's memory limit for one page (bytes; 0: none)
+_kept: KeptOriginals | None = None  # where this process leaves the originals it reads (``workers.originals``)
 
 
 @dataclass
@@ -74,8 +76,8 @@ class Prepared:
     traceback: str | None = None
 
 
-def _init_process(settings: Settings, niced: bool, previews: str) -> None:
-    global _store, _documents, _memory_limit, _previews
+def _init_process(settings: Settings, niced: bool, previews: str, kept: str | None = None) -> None:
+    global _store, _documents, _memory_limit, _previews, _kept
     # One ONNX/OpenCV thread per pool process: the pool itself is the parallelism.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if niced:
@@ -84,6 +86,7 @@ def _init_process(settings: Settings, niced: bool, previews: str) -> None:
         os.nice(5)
     _memory_limit = settings.worker.render_memory_bytes
     _previews = Path(previews)
+    _kept = KeptOriginals(Path(kept)) if kept else None
     import cv2
 
     cv2.setNumThreads(1)
@@ -95,7 +98,7 @@ def _init_process(settings: Settings, niced: bool, previews: str) -> None:
 
 def _prepare_key(key: str, page_number: int, spec: InputSpec, limits: Limits, preview_side: int,
                  source: Source = Source(), waited: float = 0.0, store: ObjectStore | None = None,
-                 documents: OpenDocuments | None = None) -> Prepared:
+                 documents: OpenDocuments | None = None, kept: KeptOriginals | None = None) -> Prepared:
     """Prepare page ``page_number`` of the original ``key``, read as ``source`` says (``workers.doccache``):
     from its local copy, by byte range from the store, or whole from the store. ``waited``: seconds the
     worker spent looking it up or spooling it for this page, counted in the page's preprocessing time."""
@@ -112,8 +115,10 @@ def _prepare_key(key: str, page_number: int, spec: InputSpec, limits: Limits, pr
             page = documents.prepare_ranged(key, store, source.size, spec, limits, page=page_number,
                                             preview_side=preview_side)
         else:
-            page = prepare_page(read_whole(store, key, limits.max_bytes), spec, limits, page=page_number,
-                                preview_side=preview_side)
+            data = read_whole(store, key, limits.max_bytes)
+            if (kept := kept or _kept) is not None:
+                kept.keep(key, data)
+            page = prepare_page(data, spec, limits, page=page_number, preview_side=preview_side)
         if _previews is not None and isinstance(page.preview, np.ndarray):
             page.preview = _spooled(page.preview, _previews)
         return Prepared(page, None, time.perf_counter() - t0)
@@ -191,10 +196,13 @@ class CpuPool:
     """Preprocessing for the worker: bounded processes for the stream of pages, plus processes of their
     own for urgent (interactive) pages, so they never queue behind the backlog's preprocessing."""
 
-    def __init__(self, settings: Settings, *, store: ObjectStore, previews: bool = True) -> None:
+    def __init__(self, settings: Settings, *, store: ObjectStore, previews: bool = True,
+                 kept: Path | None = None) -> None:
         """``store``: the worker process's own store (spooling PDFs; pages prepared in-process); ``previews``: cut
-        each page's preview, on which its annotated image is drawn when it finishes (``previews.drawn_by_worker``).
+        each page's preview, on which its annotated image is drawn when it finishes (``previews.drawn_by_worker``);
+        ``kept``: leave each original read whole from the store in this folder (``workers.originals``).
         """
+        self._kept = KeptOriginals(kept) if kept is not None else None
         self._limits = Limits(max_pixels=settings.worker.max_image_pixels,
                               max_bytes=settings.worker.max_input_bytes)
         self._preview_side = settings.worker.annotated_max_side if previews else 0
@@ -222,8 +230,10 @@ class CpuPool:
             folder = str(self._previews.path)
             bounds = partial(BoundedPool, memory_bytes=cfg.render_memory_bytes, timeout=cfg.render_timeout,
                              initializer=_init_process)
-            self._pool = bounds(self._processes, name="preprocess", initargs=(settings, True, folder))
-            self._urgent = bounds(cfg.urgent_processes, name="preprocess-urgent", initargs=(settings, False, folder))
+            kept_in = str(kept) if kept is not None else None
+            self._pool = bounds(self._processes, name="preprocess", initargs=(settings, True, folder, kept_in))
+            self._urgent = bounds(cfg.urgent_processes, name="preprocess-urgent",
+                                  initargs=(settings, False, folder, kept_in))
 
     def submit(self, key: str, spec: InputSpec, *, page: int = 1, urgent: bool = False) -> Future[Prepared]:
         """Fetch the original ``key`` and prepare its page ``page`` (from 1: a PDF's page, a TIFF's frame)
@@ -241,7 +251,8 @@ class CpuPool:
             source = spool.acquire(key) if spool is not None else Source()
             args = (key, page, spec, self._limits, self._preview_side, source, time.perf_counter() - t0)
             if self._threads is not None:
-                future = self._threads[1 if urgent else 0].submit(_prepare_key, *args, self._store, self._documents)
+                future = self._threads[1 if urgent else 0].submit(_prepare_key, *args, self._store, self._documents,
+                                                                  self._kept)
             else:
                 bounded = self._urgent if urgent else self._pool
                 assert bounded is not None

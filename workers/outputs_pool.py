@@ -24,6 +24,7 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 from paperlane import heap
 from paperlane.bounded import BoundedPool, TaskFailed
@@ -34,6 +35,7 @@ from paperlane.storage.db import Database
 from paperlane.storage.objects import ObjectStore, open_store
 from paperlane.storage.outputs import Claim
 from paperlane.storage.results import Known
+from paperlane.workers.originals import KeptFirst, KeptOriginals
 from paperlane.workers.outputs import DocumentOutputs, Writer
 
 log = logging.getLogger(__name__)
@@ -63,11 +65,13 @@ def writer_of(settings: Settings, db: Database, store: ObjectStore) -> Writer:
                   formats=cfg.output_formats)
 
 
-def _init_process(settings: Settings) -> None:
+def _init_process(settings: Settings, kept: str | None) -> None:
     global _writer
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.nice(5)  # outputs wait; the pages on their way to the engine, and the worker itself, do not
-    _writer = writer_of(settings, Database(settings.database_url, pool_size=2), open_store(settings))
+    store = open_store(settings)
+    _writer = writer_of(settings, Database(settings.database_url, pool_size=2),
+                        KeptFirst(store, KeptOriginals(Path(kept))) if kept else store)
     heap.after_start()
 
 
@@ -93,7 +97,9 @@ class OutputsPool:
     """Writes document outputs on processes of their own (see the module docstring). ``writer``: this process's,
     which claims the outputs and records a try whose process died."""
 
-    def __init__(self, settings: Settings, writer: Writer) -> None:
+    def __init__(self, settings: Settings, writer: Writer, *, kept: Path | None = None) -> None:
+        """``kept``: the originals the worker's preprocessing left (``workers.originals``), read before the store's
+        (``writer`` reads through them already, for the outputs it writes on a thread)."""
         self._writer = writer
         cfg, processes = settings.worker, output_processes(settings)
         self._room = threading.BoundedSemaphore(4 * max(1, processes))
@@ -103,7 +109,8 @@ class OutputsPool:
         self._threads: ThreadPoolExecutor | None = None
         if processes:
             self._pool = BoundedPool(processes, name="outputs", memory_bytes=cfg.render_memory_bytes,
-                                     timeout=cfg.page_timeout, initializer=_init_process, initargs=(settings,))
+                                     timeout=cfg.page_timeout, initializer=_init_process,
+                                     initargs=(settings, str(kept) if kept is not None else None))
         else:
             self._threads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outputs")
         log.info("document outputs: %s", f"{processes} process(es)" if processes else "a thread of this process")

@@ -23,7 +23,7 @@ from paperlane.models.engine import Capacity, Engine, EngineOutput, EngineReques
 from paperlane.models.factory import build_engine
 from paperlane.priority.lanes import LEVELS_PER_LANE, Lane
 from paperlane.schemas import EngineInfo, JobStatus, PageResult, Quality, Stage, Task, TaskSpec
-from paperlane.settings import Settings, WorkerSettings
+from paperlane.settings import Settings, StorageBackend, WorkerSettings
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
 from paperlane.storage.objects import ObjectStore, open_store
@@ -32,10 +32,13 @@ from paperlane.workers.drawing import drawn_by_worker
 from paperlane.workers.answers import EngineAnswers
 from paperlane.workers.batcher import MicroBatcher
 from paperlane.workers.cpu_pool import CpuPool, Prepared
+from paperlane.workers.originals import FOLDER_PREFIX as KEPT_PREFIX
+from paperlane.workers.originals import KeptFirst, KeptOriginals
 from paperlane.workers.outputs_pool import OutputsPool, writer_of
 from paperlane.workers.page_store import Finish
 from paperlane.workers.preprocess import PreparedPage
 from paperlane.workers.previews import SpooledPreview
+from paperlane.workers.scratch import ScratchFolder
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,7 @@ class Runtime:
     answers: EngineAnswers | None = None  # workers keep engine answers in Redis; `paperlane run` does not
     images_back: bool = True  # annotated images come back to this process (``paperlane run`` writes them out)
     results_back: bool = True  # results come back whole, lines and blocks too (``paperlane run`` writes them out)
+    kept: ScratchFolder | None = None  # originals kept for this runtime's outputs (``workers.originals``)
 
     @classmethod
     def start(cls, settings: Settings, *, engine: Engine | None = None,
@@ -80,10 +84,16 @@ class Runtime:
                                batch_share=cfg.batch_share)
         log.info("engine %s: batches of %d, %d in flight, %d page slots", engine.info.name, plan.batch_size,
                  cap.batches_in_flight, plan.total)
-        pool = CpuPool(settings, store=store, previews=drawn_by_worker(settings, files=images_back))
+        # Originals read from a remote store are kept for the outputs this worker builds (workers.originals).
+        kept = ScratchFolder(KEPT_PREFIX) if cfg.write_outputs and settings.storage.backend is StorageBackend.S3 \
+            else None
+        folder = kept.path if kept is not None else None
+        pool = CpuPool(settings, store=store, previews=drawn_by_worker(settings, files=images_back), kept=folder)
+        writer = writer_of(settings, db, KeptFirst(store, KeptOriginals(folder)) if folder is not None else store)
         return cls(settings=settings, db=db, store=store, engine=engine, pool=pool, batcher=batcher,
-                   outputs=OutputsPool(settings, writer_of(settings, db, store)), slots=plan.total,
-                   batch_slots=plan.batch, answers=answers, images_back=images_back, results_back=results_back)
+                   outputs=OutputsPool(settings, writer, kept=folder), slots=plan.total,
+                   batch_slots=plan.batch, answers=answers, images_back=images_back, results_back=results_back,
+                   kept=kept)
 
     def close(self) -> None:
         stats = self.batcher.stats
@@ -93,6 +103,8 @@ class Runtime:
         self.pool.close()
         self.engine.close()
         self.db.dispose()
+        if self.kept is not None:
+            self.kept.close()
 
 
 @dataclass(frozen=True)
