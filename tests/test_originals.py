@@ -102,8 +102,11 @@ def test_a_worker_builds_a_documents_pdf_from_the_original_its_preprocessing_rea
     assert rt.kept is not None and not rt.kept.path.exists()
 
 
-def test_no_copy_is_kept_when_another_service_writes_the_outputs(stack_factory: Callable[..., Stack]) -> None:
-    rt = Runtime.start(stack_factory(WORKER__WRITE_OUTPUTS="false").settings, engine=FlakyEngine())
+@pytest.mark.parametrize("settings", [{"WORKER__WRITE_OUTPUTS": "false"},  # another service writes them
+                                      {"WORKER__OUTPUT_FORMATS": '["json","md","alto"]'}])  # none reads the original
+def test_no_copy_is_kept_where_no_output_of_this_worker_reads_it(stack_factory: Callable[..., Stack],
+                                                                 settings: dict[str, str]) -> None:
+    rt = Runtime.start(stack_factory(**settings).settings, engine=FlakyEngine())
     try:
         assert rt.kept is None
     finally:
