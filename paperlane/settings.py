@@ -29,8 +29,7 @@ DEFAULT_OUTPUT_FORMATS = (OutputFormat.JSON, OutputFormat.MD, OutputFormat.PDF)
 class RedisSettings(BaseModel):
     url: str = Field("redis://127.0.0.1:6379/0", description="redis://host:port/db, or Redis Sentinel: "
                      "sentinel://host1:26379;sentinel://host2:26379/db (every Sentinel of the group, ';'-separated)")
-    master_name: str = Field("mymaster", description="with sentinel:// URLs: the name the Sentinels monitor the "
-                             "master under")
+    master_name: str = Field("mymaster", description="with sentinel:// URLs: the name the Sentinels know the master by")
     sentinel_password: SecretStr | None = Field(None, description="with sentinel:// URLs: the Sentinels' own "
                                                 "password (requirepass of the Sentinels), if they have one; the "
                                                 "master's password goes in the URL")
@@ -167,8 +166,7 @@ class EngineSettings(BaseModel):
     profile: str = "hunyuanocr-1.0"
     api_key: SecretStr | None = None
     max_in_flight: int = Field(128, ge=1, description="most requests at the server per process: the cap of the "
-                               "window that follows the server (engine.window), and what worker slots are planned "
-                               "from")
+                               "window that follows the server (engine.window), what worker slots are planned from")
     window: WindowSettings = Field(default_factory=WindowSettings)
     request_timeout: float = 120.0
     startup_timeout: float = 600.0
@@ -185,10 +183,8 @@ class EngineSettings(BaseModel):
     device: str = "auto"
     dtype: str = "auto"
     logprobs: bool = Field(True, description="ask vLLM for each token's log-probability: a page's confidence")
-    stream_interval: int = Field(16, ge=1, description="vllm, vllm-inprocess: tokens a streamed chunk, asked with "
-                                 "each request (vLLM 0.32's stream_interval; its own default is a chunk per token, "
-                                 "each an event for the process feeding it to read); a loop is stopped at most this "
-                                 "many tokens later. 1: every token")
+    stream_interval: int = Field(16, ge=1, description="vllm, vllm-inprocess: tokens a streamed chunk, asked of vLLM "
+                                 "(0.32: stream_interval; unasked, a chunk per token); a loop stops up to this later")
     min_confidence: float = Field(0.8, ge=0, le=1, description="a page whose confidence is lower is flagged "
                                   "low_confidence and needs review")
     guard: LoopGuardSettings = Field(default_factory=LoopGuardSettings)

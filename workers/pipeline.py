@@ -18,11 +18,12 @@ from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
 
 from paperlane.errors import INTERNAL_REASON, OutOfMemory, PaperlaneError, WorkerStopping, public_reason
+from paperlane.formats import lookup
 from paperlane.metrics import PAGE_FLAGS, PAGES_GRADED
 from paperlane.models.engine import Capacity, Engine, EngineOutput, EngineRequest, Outcome
 from paperlane.models.factory import build_engine
 from paperlane.priority.lanes import LEVELS_PER_LANE, Lane
-from paperlane.schemas import EngineInfo, JobStatus, OutputFormat, PageResult, Quality, Stage, Task, TaskSpec
+from paperlane.schemas import EngineInfo, JobStatus, PageResult, Quality, Stage, Task, TaskSpec
 from paperlane.settings import Settings, StorageBackend, WorkerSettings
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
@@ -85,7 +86,7 @@ class Runtime:
         log.info("engine %s: batches of %d, %d in flight, %d page slots", engine.info.name, plan.batch_size,
                  cap.batches_in_flight, plan.total)
         # Originals read from a remote store are kept for the searchable PDFs this worker builds (workers.originals).
-        keeps = cfg.write_outputs and OutputFormat.PDF in cfg.output_formats and \
+        keeps = cfg.write_outputs and any(lookup(fmt).reads_original for fmt in cfg.output_formats) and \
             settings.storage.backend is StorageBackend.S3
         kept = ScratchFolder(KEPT_PREFIX) if keeps else None
         folder = kept.path if kept is not None else None

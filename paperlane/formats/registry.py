@@ -40,6 +40,7 @@ class Format:
     best_effort: bool = False  # a document's other outputs go out without it when it cannot be made
     companions: tuple[OutputFormat, ...] = ()  # each page's file in these formats is written with it (it lists them)
     listed_as: str | None = None  # the MIMETYPE a METS file group gives it (default media_type)
+    reads_original: bool = False  # built from the original too (``Content.original``), not only page results
 
     @property
     def page(self) -> bool:
@@ -62,7 +63,8 @@ UNKNOWN_MEDIA_TYPE = "application/octet-stream"
 _TABLE = (
     Format(OutputFormat.JSON, "JSON", ".json", MEDIA_TYPES[".json"], "result_json", _BOTH),
     Format(OutputFormat.MD, "markdown", ".md", MEDIA_TYPES[".md"], "markdown", _BOTH),
-    Format(OutputFormat.PDF, "searchable PDF", ".pdf", MEDIA_TYPES[".pdf"], "pdf", _BOTH, best_effort=True),
+    Format(OutputFormat.PDF, "searchable PDF", ".pdf", MEDIA_TYPES[".pdf"], "pdf", _BOTH, best_effort=True,
+           reads_original=True),
     Format(OutputFormat.ALTO, "ALTO", ".alto.xml", MEDIA_TYPES[".xml"], "alto", _BOTH, archive=True,
            listed_as="application/alto+xml"),
     Format(OutputFormat.PAGE, "PAGE XML", ".page.xml", MEDIA_TYPES[".xml"], "pagexml", _PAGE, archive=True,
