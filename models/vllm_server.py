@@ -18,9 +18,9 @@ start): vLLM refuses ``max_tokens > max_model_len`` with HTTP 400 and itself low
 
 Every answer is streamed (``stream: true``, the usage in every chunk, each token's log-probability when
 ``engine.logprobs``; ``engine.stream_interval`` tokens a chunk, asked with each request, where vLLM's own default is
-a chunk per token: each chunk is an event this process reads) through the loop guard (models/loop_guard.py): a degenerate answer is stopped by
-closing its response, which makes vLLM abort the request and free its sequence, then tried again or
-replaced by the embedded engine's reading.
+a chunk per token: each chunk is an event this process reads) through the loop guard (models/loop_guard.py): a
+degenerate answer is stopped by closing its response, which makes vLLM abort the request and free its sequence,
+then tried again or replaced by the embedded engine's reading.
 """
 
 from __future__ import annotations
