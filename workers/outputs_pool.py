@@ -58,10 +58,12 @@ def output_processes(settings: Settings) -> int:
     return 0 if cfg.preprocess_processes == 0 else 1
 
 
-def writer_of(settings: Settings, db: Database, store: ObjectStore) -> Writer:
-    """The outputs writer the settings describe, on ``db`` and ``store``."""
+def writer_of(settings: Settings, db: Database, store: ObjectStore, *, kept: Path | None = None) -> Writer:
+    """The outputs writer the settings describe, on ``db`` and ``store``; ``kept``: it reads the originals the
+    worker's preprocessing left in this folder before the store's (``workers.originals``)."""
     cfg = settings.worker
-    return Writer(db, store, RetryPolicy.of(cfg), hold=cfg.page_timeout, max_pixels=cfg.max_image_pixels,
+    source = KeptFirst(store, KeptOriginals(kept)) if kept is not None else store
+    return Writer(db, source, RetryPolicy.of(cfg), hold=cfg.page_timeout, max_pixels=cfg.max_image_pixels,
                   formats=cfg.output_formats)
 
 
@@ -69,9 +71,8 @@ def _init_process(settings: Settings, kept: str | None) -> None:
     global _writer
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.nice(5)  # outputs wait; the pages on their way to the engine, and the worker itself, do not
-    store = open_store(settings)
-    _writer = writer_of(settings, Database(settings.database_url, pool_size=2),
-                        KeptFirst(store, KeptOriginals(Path(kept))) if kept else store)
+    _writer = writer_of(settings, Database(settings.database_url, pool_size=2), open_store(settings),
+                        kept=Path(kept) if kept else None)
     heap.after_start()
 
 
@@ -98,8 +99,8 @@ class OutputsPool:
     which claims the outputs and records a try whose process died."""
 
     def __init__(self, settings: Settings, writer: Writer, *, kept: Path | None = None) -> None:
-        """``kept``: the originals the worker's preprocessing left (``workers.originals``), read before the store's
-        (``writer`` reads through them already, for the outputs it writes on a thread)."""
+        """``kept``: the folder of originals the worker's preprocessing leaves, which the pool's processes read
+        before the store (``writer_of``; ``writer``, made with the same folder, writes on a thread instead)."""
         self._writer = writer
         cfg, processes = settings.worker, output_processes(settings)
         self._room = threading.BoundedSemaphore(4 * max(1, processes))

@@ -34,7 +34,6 @@ from paperlane.workers.answers import EngineAnswers
 from paperlane.workers.batcher import MicroBatcher
 from paperlane.workers.cpu_pool import CpuPool, Prepared
 from paperlane.workers.originals import FOLDER_PREFIX as KEPT_PREFIX
-from paperlane.workers.originals import KeptFirst, KeptOriginals
 from paperlane.workers.outputs_pool import OutputsPool, writer_of
 from paperlane.workers.page_store import Finish
 from paperlane.workers.preprocess import PreparedPage
@@ -91,11 +90,10 @@ class Runtime:
         kept = ScratchFolder(KEPT_PREFIX) if keeps else None
         folder = kept.path if kept is not None else None
         pool = CpuPool(settings, store=store, previews=drawn_by_worker(settings, files=images_back), kept=folder)
-        writer = writer_of(settings, db, KeptFirst(store, KeptOriginals(folder)) if folder is not None else store)
         return cls(settings=settings, db=db, store=store, engine=engine, pool=pool, batcher=batcher,
-                   outputs=OutputsPool(settings, writer, kept=folder), slots=plan.total,
-                   batch_slots=plan.batch, answers=answers, images_back=images_back, results_back=results_back,
-                   kept=kept)
+                   outputs=OutputsPool(settings, writer_of(settings, db, store, kept=folder), kept=folder),
+                   slots=plan.total, batch_slots=plan.batch, answers=answers, images_back=images_back,
+                   results_back=results_back, kept=kept)
 
     def close(self) -> None:
         stats = self.batcher.stats
