@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import threading
 from pathlib import Path
 
 from paperlane.storage.objects import DelegatingStore, ObjectStore
@@ -39,7 +40,8 @@ class KeptOriginals:
     def keep(self, key: str, data: bytes) -> None:
         """Leave a copy of the original ``key`` (``data``, as the store holds it). Never raises."""
         path = self._path(key)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        # Its writer's own temporary name: pages prepared on threads share a process.
+        tmp = path.with_name(f"{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
         try:
             tmp.write_bytes(data)
             os.replace(tmp, path)
