@@ -280,6 +280,7 @@ def test_answer_events_are_read_across_chunk_boundaries_up_to_done() -> None:
 # --- streamed chunks -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(("server", "warning"), [
     ("honour", None),  # vLLM 0.32
     ("ignore", "start the server with --stream-interval 16"),  # an older vLLM: the field is unknown, and ignored
