@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -10,7 +12,7 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from paperlane.errors import OverBudget, StorageUnavailable, UsageError
 from paperlane.producer.input_items import Document
@@ -19,7 +21,7 @@ from paperlane.retry import RetryPolicy
 from paperlane.schemas import TaskSpec
 from paperlane.storage import ingests, tenants, webhooks
 from paperlane.storage import jobs as jobstore
-from paperlane.storage.db import Database, utcnow
+from paperlane.storage.db import Database, head_revision, utcnow
 from paperlane.storage.localfs import LocalStore
 from paperlane.storage.tables import Base, JobRow
 from tests.pages import tiny_page
@@ -30,16 +32,42 @@ def test_the_migrations_build_exactly_the_declared_schema_and_step_down_and_up(d
     from alembic import command
     from alembic.config import Config
 
+    from alembic.script import ScriptDirectory
+
     from paperlane.storage.db import _MIGRATIONS
 
     cfg = Config()
     cfg.set_main_option("script_location", str(_MIGRATIONS))
+    assert head_revision() == ScriptDirectory.from_config(cfg).get_current_head()  # what upgrade() compares with
     with db.engine.begin() as conn:  # this stop's migrations back, and again, with their views in place
         cfg.attributes["connection"] = conn
         command.downgrade(cfg, "0002")
         command.upgrade(cfg, "head")
     with db.engine.connect() as conn:
         assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
+
+
+@pytest.mark.processes
+def test_a_command_on_a_migrated_database_starts_without_alembic(db: Database) -> None:
+    # Every command's start upgrades the database; one at the newest migration is told so by a query, not by
+    # importing Alembic and reading every migration (half a second of a submit's CPU).
+    from alembic import command
+    from alembic.config import Config
+
+    from paperlane.storage.db import _MIGRATIONS
+
+    code = ("import sys; from paperlane.storage.db import Database; Database(sys.argv[1]).upgrade(); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'alembic')[:1])")
+    upgrade = [sys.executable, "-c", code, db.url]
+    assert subprocess.run(upgrade, capture_output=True, text=True, check=True).stdout.strip() == "[]"
+    cfg = Config()
+    cfg.set_main_option("script_location", str(_MIGRATIONS))
+    with db.engine.begin() as conn:  # one migration behind: Alembic runs, and brings it to the newest
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "-1")
+    assert subprocess.run(upgrade, capture_output=True, text=True, check=True).stdout.strip() == "['alembic']"
+    with db.engine.connect() as conn:
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == head_revision()
 
 
 def test_a_key_is_shown_once_kept_as_a_hash_and_can_be_revoked(db: Database) -> None:
