@@ -404,16 +404,24 @@ def estimate_words(text: str, quad: Sequence[Point], *, confidence: float | None
     tokens = text.split()
     if not tokens or len(quad) != 4:
         return []
-    # Every word's start and end as fractions of the line, then the points there on its top and bottom edges, in
-    # one array operation a line (a page has hundreds of words: this runs once for each, on the CPU pool).
-    widths = np.array([sum(map(_width, token)) or 0.5 for token in tokens])
-    ends = np.cumsum(widths + _SPACE) - _SPACE
-    t = (np.stack((ends - widths, ends), axis=1) / ends[-1])[..., None]
-    if rtl:
-        t = 1.0 - t
+    # Every word's start and end as fractions of the line, then the points there on its top and bottom edges. Plain
+    # floats: a line has a few words, where numpy's per-call cost was most of this (a page has hundreds of words:
+    # this runs once for each line, on the CPU pool).
+    widths = [sum(map(_width, token)) or 0.5 for token in tokens]
+    length = sum(widths) + _SPACE * (len(widths) - 1)
     (x0, y0), (x1, y1), (x2, y2), (x3, y3) = quad
-    top = np.round(np.array((x0, y0)) + np.array((x1 - x0, y1 - y0)) * t, 1).tolist()
-    bottom = np.round(np.array((x3, y3)) + np.array((x2 - x3, y2 - y3)) * t, 1).tolist()
-    a, b = (1, 0) if rtl else (0, 1)  # clockwise from the top-left corner: a right-to-left word's end is its left
-    return [Word(text=token, quad=[top_[a], top_[b], bottom_[b], bottom_[a]], confidence=confidence, estimated=True)
-            for token, top_, bottom_ in zip(tokens, top, bottom)]
+
+    def at(t: float) -> tuple[Point, Point]:  # the points a fraction t along the top edge and the bottom edge, to
+        if rtl:                                # a tenth of a pixel (numpy's rounding: round half to even, x10)
+            t = 1.0 - t
+        return ((round((x0 + (x1 - x0) * t) * 10) / 10, round((y0 + (y1 - y0) * t) * 10) / 10),
+                (round((x3 + (x2 - x3) * t) * 10) / 10, round((y3 + (y2 - y3) * t) * 10) / 10))
+
+    words, start = [], 0.0
+    for token, width in zip(tokens, widths):
+        (top_a, bottom_a), (top_b, bottom_b) = at(start / length), at((start + width) / length)
+        if rtl:  # clockwise from the top-left corner: a right-to-left word's end is its left
+            top_a, bottom_a, top_b, bottom_b = top_b, bottom_b, top_a, bottom_a
+        words.append(Word(text=token, quad=[top_a, top_b, bottom_b, bottom_a], confidence=confidence, estimated=True))
+        start += width + _SPACE
+    return words
