@@ -9,7 +9,8 @@ the counters are read again at each step. So every figure is the marginal cost o
 registering it (producer) and processing it (worker):
 
 - Redis commands (INFO commandstats: a Lua script's call counts, and so does every command it runs)
-- PostgreSQL statements (pg_stat_statements' calls, the benchmark's own reads left out)
+- PostgreSQL statements (pg_stat_statements' calls, the benchmark's own reads left out; the most called
+  statements of processing a page are listed)
 - S3 requests by type (SeaweedFS_s3_request_total)
 - database bytes (every table and index of the schema, pg_total_relation_size)
 - the worker's CPU (its process group: the worker and its preprocessing pool) per page
@@ -55,6 +56,7 @@ class Reading:
 
     redis: Counter[str]  # calls by command
     pg: int  # statements
+    statements: Counter[str]  # calls by statement (pg_stat_statements' normalised text)
     s3: Counter[str]  # requests by type
     tables: Counter[str]  # bytes of each table with its indexes and TOAST
     cpu: float  # the worker's process group, seconds
@@ -67,7 +69,8 @@ def read(svc: Services, metrics_port: int, dsn: str, worker_pid: int | None) -> 
     with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
         cur.execute("SELECT query, calls FROM pg_stat_statements WHERE dbid = "
                     "(SELECT oid FROM pg_database WHERE datname = current_database())")
-        pg = sum(n for q, n in cur.fetchall() if not _OWN.search(q))
+        statements = Counter({" ".join(q.split()): int(n) for q, n in cur.fetchall() if not _OWN.search(q)})
+        pg = sum(statements.values())
         cur.execute("SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_class c JOIN pg_namespace n "
                     "ON n.oid = c.relnamespace WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'm')")
         tables = Counter({name: int(size) for name, size in cur.fetchall()})
@@ -76,7 +79,7 @@ def read(svc: Services, metrics_port: int, dsn: str, worker_pid: int | None) -> 
         kind = re.search(r'type="([^"]*)"', m.group("labels"))
         s3[kind.group(1) if kind else "?"] += int(float(m.group("value")))
     cpu = sum(group_cpu(worker_pid).values()) if worker_pid else 0.0
-    return Reading(calls, pg, s3, tables, cpu, time.time())
+    return Reading(calls, pg, statements, s3, tables, cpu, time.time())
 
 
 def submit(settings: Settings, db: Database, pages: list[bytes], start: int) -> list[str]:
@@ -168,6 +171,9 @@ def report(pages: int, failed: int, before: Reading, registered: Reading, done: 
                       ("cpu_ms", "worker CPU ms")):
         print(f"{name:<28}{reg[key]:>10.1f}{work[key]:>10.1f}{reg[key] + work[key]:>10.1f}")
     print(f"S3 requests by type: {dict((done.s3 - before.s3).most_common())}")
+    print("PostgreSQL statements processing a page, most called (per page):")
+    for query, n in (done.statements - registered.statements).most_common(12):
+        print(f"  {n / pages:5.2f}  {query[:110]}")
     top = (done.redis - before.redis).most_common(8)
     print(f"Redis commands, most called: {', '.join(f'{k} {v / pages:.1f}' for k, v in top)} (per page)")
     grown = done.tables - before.tables
