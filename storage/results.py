@@ -57,9 +57,9 @@ def document_results(db: Database, store: ObjectStore, document_id: str, *,
                      known: Known | None = None) -> DocumentResults:
     """The document and its pages' results (one read of each page's stored result, but for the pages in ``known``:
     job id -> the result the caller stored for it). Raises DocumentNotFound."""
-    document = status_reads.get_document(db, document_id)
+    document, rows = status_reads.document_with_pages(db, document_id)
     pages, finished = [], {}
-    for page, job in status_reads.document_pages(db, document_id):
+    for page, job in rows:
         pages.append(page_result(store, job, source=document.source, page_no=page.page_no, known=known))
         if (at := as_utc(job.finished_at)) is not None:
             finished[page.page_no] = at
@@ -99,10 +99,11 @@ def built_document(db: Database, store: ObjectStore, document_id: str, fmt: Outp
     PageNotFound, and what ``build`` raises."""
     if not FORMATS[fmt].document:
         number = page or 1
-        job = next((j for p, j in status_reads.document_pages(db, document_id) if p.page_no == number), None)
+        document, rows = status_reads.document_with_pages(db, document_id)
+        job = next((j for p, j in rows if p.page_no == number), None)
         if job is None:
             raise PageNotFound(f"the document has no page {number}")
-        return built_page(store, status_reads.get_document(db, document_id), job, fmt, number)
+        return built_page(store, document, job, fmt, number)
     read = document_results(db, store, document_id)
     content = document_content(store, read.document, read.pages, created=read.finished)
     if FORMATS[fmt].companions:

@@ -122,9 +122,21 @@ def get_page(db: Database, page_id: str, *, tenant_id: str | None = None) -> Pag
 def document_pages(db: Database, document_id: str) -> list[tuple[PageRow, JobRow]]:
     """The document's pages in order, each with its job."""
     with db.session() as s:
-        return [tuple(r) for r in s.execute(
-            select(PageRow, JobRow).join(JobRow, JobRow.id == PageRow.job_id)
-            .where(PageRow.document_id == document_id, derived_from(document_id)).order_by(PageRow.page_no))]
+        return _pages(s, document_id)
+
+
+def document_with_pages(db: Database, document_id: str) -> tuple[DocumentRow, list[tuple[PageRow, JobRow]]]:
+    """The document and its pages in order, each with its job, read in one transaction (one moment's view, and one
+    round of the connection's ping, BEGIN and COMMIT where two cost two: a one-page document's outputs read this).
+    Raises DocumentNotFound."""
+    with db.session() as s:
+        return get_row(s, DocumentRow, document_id, DocumentNotFound), _pages(s, document_id)
+
+
+def _pages(s: Session, document_id: str) -> list[tuple[PageRow, JobRow]]:
+    return [tuple(r) for r in s.execute(
+        select(PageRow, JobRow).join(JobRow, JobRow.id == PageRow.job_id)
+        .where(PageRow.document_id == document_id, derived_from(document_id)).order_by(PageRow.page_no))]
 
 
 def get_document(db: Database, document_id: str) -> DocumentRow:
