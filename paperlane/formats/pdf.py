@@ -276,10 +276,12 @@ def _stable(data: bytes) -> bytes:
         at = end
     pieces.append(view[at:])
     if any(piece is None for piece in pieces):
-        md5 = hashlib.md5(usedforsecurity=False)
+        # The identifier is 16 bytes of any hash (the PDF standard suggests MD5): SHA-256's, which the CPU's SHA
+        # instructions take at 0.6 ms a megabyte where MD5 takes 1.5.
+        sha = hashlib.sha256()
         for piece in pieces:
-            md5.update(b"0" * 32 if piece is None else piece)
-        digest = md5.hexdigest().upper().encode()
+            sha.update(b"0" * 32 if piece is None else piece)
+        digest = sha.hexdigest()[:32].upper().encode()
         pieces = [digest if piece is None else piece for piece in pieces]
     return b"".join(pieces)  # type: ignore[arg-type]
 
