@@ -293,26 +293,31 @@ def _add_failures(s: Session, ingest_id: str, reason: str, n: int) -> None:
                                          set_={"pages": _FAILURES.c.pages + stmt.excluded.pages}))
 
 
-def outputs_due(done: Any) -> dict[str, Any]:
+def outputs_due(done: Any, claimed: Any = None) -> dict[str, Any]:
     """The document columns that make its outputs due (``done``, a boolean or SQL condition), or not due (not
-    finished): pending and claimable at once. A finished document whose pages change (a page redone) has them
-    written again; a worker writing them meanwhile no longer holds the claim its write is checked against."""
+    finished): pending and claimable at once, or (``claimed``, with a condition: an SQL time) held by the caller
+    until then. A finished document whose pages change (a page redone) has them written again; a worker writing
+    them meanwhile no longer holds the claim its write is checked against."""
     pending = OutputsState.PENDING.value
     if done is True:
         return {"outputs": pending, "outputs_attempts": 0, "outputs_claimed_until": None, "outputs_error": None}
-    return {"outputs": case((done, pending), else_=None), "outputs_attempts": 0, "outputs_claimed_until": None,
+    return {"outputs": case((done, pending), else_=None), "outputs_attempts": 0,
+            "outputs_claimed_until": None if claimed is None else case((done, claimed), else_=None),
             "outputs_error": None}
 
 
 def rollup(s: Session, job_id: str, *, succeeded: int, failed: int, now: datetime,
-           reason: str | None = None, review: int = 0, work: usage.EngineWork | None = None) -> list[str]:
+           reason: str | None = None, review: int = 0, work: usage.EngineWork | None = None,
+           claim_until: datetime | None = None) -> list[str]:
     """Move every page of ``job_id`` in the counts of its documents and ingests, and in its tenant's usage, by
     (succeeded, failed, needing review), each -1, 0 or +1; ``reason``: the job's failure (the new one, or the one it
     leaves); ``work``: the engine work of its move into a final state. Returns the documents whose outputs this made
-    due: those whose last page just became final, and finished ones whose pages changed."""
+    due: those whose last page just became final, and finished ones whose pages changed; ``claim_until``: claimed
+    until then, in this transaction, by the caller, who writes them (``storage.outputs.Claim``, 0 attempts)."""
     # Every page's finish runs this: its statements are built once for each move (``_Rollup``), and SQLAlchemy
     # keeps their compiled forms, so a page pays for executing them, not for building them again.
-    st, params = _Rollup.of(succeeded, failed, review), {"job": job_id, "now": now}
+    st = _Rollup.of(succeeded, failed, review, claims=claim_until is not None)
+    params = {"job": job_id, "now": now, "claimed": claim_until}
     finished = s.execute(st.documents, params).all()
     _finished(s, s.execute(st.ingests, params), now)
     if failed:
@@ -326,8 +331,8 @@ def rollup(s: Session, job_id: str, *, succeeded: int, failed: int, now: datetim
 
 @dataclass(frozen=True)
 class _Rollup:
-    """``rollup``'s statements for one move (succeeded, failed, review), bound to the job (``job``) and the time
-    (``now``) when executed."""
+    """``rollup``'s statements for one move (succeeded, failed, review; ``claims``: the documents it finishes claimed
+    until ``claimed``), bound to the job (``job``) and the time (``now``) when executed."""
 
     documents: Any
     ingests: Any
@@ -337,7 +342,7 @@ class _Rollup:
 
     @staticmethod
     @functools.cache
-    def of(succeeded: int, failed: int, review: int) -> _Rollup:
+    def of(succeeded: int, failed: int, review: int, *, claims: bool = False) -> _Rollup:
         job = bindparam("job", type_=_PAGES.c.job_id.type)
         d, i = _DOCUMENTS.c, _INGESTS.c
         per_doc = (select(_PAGES.c.document_id, func.count().label("n")).where(_PAGES.c.job_id == job)
@@ -346,12 +351,14 @@ class _Rollup:
         # SQLite's RETURNING sees only the updated table: a document that finishes now is one whose
         # finished_at becomes exactly ``now`` (one finished before keeps its time).
         done_after = d.pages_succeeded + d.pages_failed + (succeeded + failed) * per_doc.c.n >= d.pages_total
+        # (PostgreSQL types a CASE of NULLs as text: a statement that claims nothing leaves the claim out.)
+        claimed = bindparam("claimed", type_=d.outputs_claimed_until.type) if claims else None
         documents = (update(_DOCUMENTS).where(d.id == per_doc.c.document_id)
                      .values(pages_succeeded=d.pages_succeeded + succeeded * per_doc.c.n,
                              pages_failed=d.pages_failed + failed * per_doc.c.n,
                              pages_review=d.pages_review + review * per_doc.c.n,
                              finished_at=case((done_after, func.coalesce(d.finished_at, now)), else_=None),
-                             **outputs_due(done_after))
+                             **outputs_due(done_after, claimed))
                      .returning(d.id, d.outputs))
         per_ingest = (select(_PAGES.c.ingest_id, func.count().label("n")).where(_PAGES.c.job_id == job)
                       .group_by(_PAGES.c.ingest_id).subquery())

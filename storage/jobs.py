@@ -7,7 +7,7 @@ replaced, not added, and finishing a job that already finished changes nothing i
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import ColumnElement, bindparam, func, select, update
@@ -184,11 +184,12 @@ def finish_failed(db: Database, job_id: str, reason: str, stage: str | None,
 
 def finish_succeeded(db: Database, job: JobRow, result: PageResult, *, engine: str,
                      result_key: str, annotated_key: str | None, timings: dict[str, float],
-                     lines: LineStats | None = None) -> list[str]:
+                     lines: LineStats | None = None, claim_until: datetime | None = None) -> list[str]:
     """Write the job's success, its results-index row and its tenant's usage in one transaction (the index row is
     inserted or, for a job done again, replaced in one statement; a job done again is not metered again). Returns
-    the documents whose last page this was. ``lines``: the result's line figures, when ``result`` came without its
-    lines (taken from ``result.lines`` otherwise)."""
+    the documents whose last page this was (their outputs due; ``claim_until``: claimed by the caller until then,
+    in the same transaction: ``ingests.rollup``). ``lines``: the result's line figures, when ``result`` came without
+    its lines (taken from ``result.lines`` otherwise)."""
     lines = lines or LineStats.of(result)
     now = utcnow()
     row = dict(
@@ -204,11 +205,12 @@ def finish_succeeded(db: Database, job: JobRow, result: PageResult, *, engine: s
     work = EngineWork.of(result, timings)
     with db.session() as s:
         if s.execute(_SUCCEEDED, {**params, "from": _LIVE}).rowcount:
-            finished = ingests.rollup(s, job.id, succeeded=1, failed=0, now=now, review=int(review), work=work)
+            finished = ingests.rollup(s, job.id, succeeded=1, failed=0, now=now, review=int(review), work=work,
+                                      claim_until=claim_until)
         elif (error := s.scalar(_ERROR_IF_FAILED, {"job": job.id})) is not None:
             s.execute(_SUCCEEDED, {**params, "from": [JobStatus.FAILED]})
             finished = ingests.rollup(s, job.id, succeeded=1, failed=-1, now=now, reason=error, review=int(review),
-                                      work=work)
+                                      work=work, claim_until=claim_until)
         else:  # done before: this result replaces that one (and its grade, in the counts too; not metered again)
             before = bool(s.scalar(_REVIEW_IF_SUCCEEDED, {"job": job.id}))
             s.execute(_SUCCEEDED, {**params, "from": [JobStatus.SUCCEEDED]})

@@ -56,6 +56,31 @@ def test_outputs_are_due_when_the_document_finishes_and_written_once(db: Databas
     assert writer.write(document_id) is None and writer.write_due() == 0  # written: nothing is due any more
 
 
+def test_the_transaction_that_finishes_a_document_can_claim_its_outputs_for_the_finisher(db: Database,
+                                                                                         tmp_path: Path) -> None:
+    # A worker that writes the outputs of the documents it finishes claims them as it finishes them: one statement
+    # fewer a document on the process that feeds the engine, and nobody else takes them meanwhile.
+    store = LocalStore(tmp_path / "objects")
+    [first, second] = _submit(db, store, [doc("pair", tiny_page(3), pages=2)], ingests.Owner())
+    writer = Writer(db, store, RetryPolicy(), hold=30)
+    until = utcnow() + timedelta(seconds=30)
+    done = []
+    for page in (first, second):
+        job = jobstore.start_attempt(db, page.job_id, policy=RetryPolicy())
+        assert job is not None
+        result = PageResult(job_id=page.job_id, source="pair.png", status=JobStatus.SUCCEEDED, text="seen",
+                            width=360, height=64, engine=EngineInfo(name="stub", version="0"))
+        store.put(result_key(page.job_id), result.model_dump_json().encode())
+        done.append(jobstore.finish_succeeded(db, job, result, engine="stub", result_key=result_key(page.job_id),
+                                              annotated_key=None, timings={}, claim_until=until))
+        if page is first:  # not finished: neither due nor claimed
+            assert done == [[]] and _state(db, first.document_id)["state"] is None
+    assert done[1] == [first.document_id] and _state(db, first.document_id)["state"] == "pending"
+    assert writer.claim(first.document_id) is None and writer.claim_due() == []  # held by the finisher
+    held = recorded.Claim(first.document_id, until, 0)
+    assert writer.write_held(held) is not None and _state(db, first.document_id)["state"] == "written"
+
+
 def test_a_failed_try_is_retried_after_its_backoff_then_given_up(db: Database, tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "objects")
     document_id = _finished_document(db, store)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol
 
 from paperlane.errors import PaperlaneError
@@ -35,6 +36,7 @@ from paperlane.priority.messages import PageMessage
 from paperlane.retry import Action, Decision, RetryPolicy
 from paperlane.storage import jobs as jobstore
 from paperlane.storage.db import Database
+from paperlane.storage.outputs import Claim
 from paperlane.storage.results import Known
 from paperlane.storage.usage import EngineWork
 from paperlane.workers.pipeline import PageOutcome, Runtime, process_page
@@ -46,6 +48,7 @@ log = logging.getLogger(__name__)
 class Settled:
     decision: Decision
     outputs_due: tuple[str, ...] = ()  # documents whose outputs the outcome made due
+    held_until: datetime | None = None  # and claimed for this runtime's outputs, until then (``Runtime.claim_outputs``)
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,10 @@ class Outputs(Protocol):
     def write(self, document_id: str, *, known: Known | None = None) -> object:
         """Write the document's outputs if they are due and nobody else holds them (``known``: results this process
         just stored, by job id). Failures are recorded for a retry, never raised."""
+        ...
+
+    def write_held(self, held: Claim, *, known: Known | None = None) -> object:
+        """``write``, for outputs claimed already (``held``)."""
         ...
 
 
@@ -125,8 +132,12 @@ class AttemptRunner:
         outcome = attempt.outcome
         kept = outcome.result if outcome.whole else outcome.stored_json
         stored: Known | None = {outcome.job.id: kept} if done and kept is not None else None
+        held = attempt.settled.held_until
         for document_id in attempt.settled.outputs_due:
-            self.outputs.write(document_id, known=stored)
+            if held is not None:  # claimed by the transaction that finished the document: 0 failed tries yet
+                self.outputs.write_held(Claim(document_id, held, 0), known=stored)
+            else:
+                self.outputs.write(document_id, known=stored)
 
 
 def settle(db: Database, outcome: PageOutcome, policy: RetryPolicy) -> Settled:
@@ -145,7 +156,7 @@ def _settle(db: Database, outcome: PageOutcome, policy: RetryPolicy) -> Settled:
     decision = policy.decide(error, attempts=job.attempts)
     if decision.action is Action.DONE:
         log.info("job %s succeeded attempt=%d %s", job.id, job.attempts, _fmt(outcome.timings))
-        return Settled(decision, tuple(outcome.outputs_due))
+        return Settled(decision, tuple(outcome.outputs_due), outcome.outputs_held)
     assert error is not None and decision.reason is not None
     if decision.action is Action.HANDED_BACK:
         jobstore.hand_back(db, job.id)

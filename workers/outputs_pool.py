@@ -1,8 +1,9 @@
 """Document outputs built off the process that feeds the engine: ``OutputsPool``.
 
 A finished document's outputs (its searchable PDF with a text layer, markdown, JSON, ALTO, ...) are the heaviest CPU
-work after the engine, and need no engine connection. They are claimed here, in the worker's (or the run's) own
-process, one statement (``storage.outputs.claim``: recorded before done, as before), and then built, stored and
+work after the engine, and need no engine connection. They are claimed in the worker's (or the run's) own process,
+by the transaction that finished the document (a worker's: ``Runtime.claim_outputs``, then ``write_held``) or by one
+statement (``write``: ``storage.outputs.claim``), recorded before done either way, and then built, stored and
 recorded as written by a process of this pool, which keeps its own database and store clients
 (``worker.output_processes``; 0: a thread of this process, for tests and tiny machines). Writing them twice writes
 the same objects: harmless.
@@ -127,6 +128,15 @@ class OutputsPool:
             done: Future[bool] = Future()
             done.set_result(False)
             return done
+        return self._submit(held, known, then)
+
+    @property
+    def hold(self) -> float:
+        """Seconds a claim on a document's outputs holds them for this pool's writer."""
+        return self._writer.hold
+
+    def write_held(self, held: Claim, *, known: Known | None = None, then: Then | None = None) -> Future[bool]:
+        """``write``, for outputs claimed already (``held``: by the transaction that finished the document)."""
         return self._submit(held, known, then)
 
     def write_due(self, *, limit: int = 10) -> int:

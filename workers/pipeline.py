@@ -16,6 +16,7 @@ import logging
 import time
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 from paperlane.errors import INTERNAL_REASON, OutOfMemory, PaperlaneError, WorkerStopping, public_reason
 from paperlane.formats import lookup
@@ -26,7 +27,7 @@ from paperlane.priority.lanes import LEVELS_PER_LANE, Lane
 from paperlane.schemas import EngineInfo, JobStatus, PageResult, Quality, Stage, Task, TaskSpec
 from paperlane.settings import Settings, StorageBackend, WorkerSettings
 from paperlane.storage import jobs as jobstore
-from paperlane.storage.db import Database
+from paperlane.storage.db import Database, utcnow
 from paperlane.storage.objects import ObjectStore, open_store
 from paperlane.storage.tables import JobRow
 from paperlane.workers.drawing import drawn_by_worker
@@ -64,10 +65,14 @@ class Runtime:
     images_back: bool = True  # annotated images come back to this process (``paperlane run`` writes them out)
     results_back: bool = True  # results come back whole, lines and blocks too (``paperlane run`` writes them out)
     kept: ScratchFolder | None = None  # originals kept for this runtime's outputs (``workers.originals``)
+    # The transaction that finishes a document claims its outputs for ``outputs`` (a worker's, whose AttemptRunner
+    # writes them held: no claim of its own to make); ``paperlane run`` claims them when it writes them.
+    claim_outputs: bool = False
 
     @classmethod
     def start(cls, settings: Settings, *, engine: Engine | None = None,
-              answers: EngineAnswers | None = None, images_back: bool = True, results_back: bool = True) -> Runtime:
+              answers: EngineAnswers | None = None, images_back: bool = True, results_back: bool = True,
+              claim_outputs: bool = False) -> Runtime:
         """Open the database (migrated), the store and the CPU pool, and load ``engine`` (default: the one the
         settings name); ``answers``: where engine answers are kept for a retried page (workers only);
         ``images_back``: annotated images come back in each outcome, ``results_back``: results come back whole
@@ -93,7 +98,7 @@ class Runtime:
         return cls(settings=settings, db=db, store=store, engine=engine, pool=pool, batcher=batcher,
                    outputs=OutputsPool(settings, writer_of(settings, db, store, kept=folder), kept=folder),
                    slots=plan.total, batch_slots=plan.batch, answers=answers, images_back=images_back,
-                   results_back=results_back, kept=kept)
+                   results_back=results_back, kept=kept, claim_outputs=claim_outputs)
 
     def close(self) -> None:
         stats = self.batcher.stats
@@ -140,6 +145,7 @@ class PageOutcome:
     whole: bool = True
     stored_json: bytes | None = None
     outputs_due: list[str] = field(default_factory=list)  # documents whose outputs its success made due
+    outputs_held: datetime | None = None  # claimed by the transaction that made them due, until then
 
     @property
     def ok(self) -> bool:
@@ -270,11 +276,12 @@ def _finish(rt: Runtime, job: JobRow, spec: TaskSpec, page: PreparedPage, output
     timings[Stage.STORE.value] = time.perf_counter() - t0 - done.seconds
     if result.quality is not None:
         count_grade(result.quality)
+    claim = utcnow() + timedelta(seconds=rt.outputs.hold) if rt.claim_outputs else None
     finished = jobstore.finish_succeeded(rt.db, job, result, engine=_engine_name(result.engine or rt.engine.info),
                                          result_key=stored.json_key, annotated_key=stored.annotated_key,
-                                         timings=timings, lines=done.lines)
+                                         timings=timings, lines=done.lines, claim_until=claim)
     return PageOutcome(job=job, result=result, timings=timings, annotated=stored.image, outputs_due=finished,
-                       whole=rt.results_back, stored_json=stored.json)
+                       outputs_held=claim if finished else None, whole=rt.results_back, stored_json=stored.json)
 
 
 def count_grade(quality: Quality) -> None:

@@ -92,7 +92,7 @@ class Worker:
             self.redis = open_redis(self.settings.redis)
             stack.callback(self.redis.close)
             self.runtime = Runtime.start(self.settings, engine=self.engine, answers=EngineAnswers(self.redis),
-                                         images_back=False, results_back=False)
+                                         images_back=False, results_back=False, claim_outputs=cfg.write_outputs)
             stack.callback(self.runtime.close)
             self.delayed = DelayedPages(self.redis)
             self.letters = DeadLetters(self.redis)
