@@ -51,8 +51,6 @@ import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from paperlane.schemas import Block, BlockKind, Line, Point, Word
 from paperlane.settings import LayoutSettings
 
@@ -411,8 +409,10 @@ def estimate_words(text: str, quad: Sequence[Point], *, confidence: float | None
     length = sum(widths) + _SPACE * (len(widths) - 1)
     (x0, y0), (x1, y1), (x2, y2), (x3, y3) = quad
 
-    def at(t: float) -> tuple[Point, Point]:  # the points a fraction t along the top edge and the bottom edge, to
-        if rtl:                                # a tenth of a pixel (numpy's rounding: round half to even, x10)
+    # The points a fraction t along the top edge and along the bottom edge, to a tenth of a pixel (rounded as numpy
+    # rounded them before: half to even, of the value x10).
+    def at(t: float) -> tuple[Point, Point]:
+        if rtl:
             t = 1.0 - t
         return ((round((x0 + (x1 - x0) * t) * 10) / 10, round((y0 + (y1 - y0) * t) * 10) / 10),
                 (round((x3 + (x2 - x3) * t) * 10) / 10, round((y3 + (y2 - y3) * t) * 10) / 10))
