@@ -88,16 +88,20 @@ class Database:
                 if (inspect(conn).has_table("alembic_version") and conn.execute(
                         text("SELECT version_num FROM alembic_version")).scalar() == head_revision()):
                     return
-            from alembic import command  # only when there is something to migrate (above)
-            from alembic.config import Config
-
-            cfg = Config()
-            cfg.set_main_option("script_location", str(_MIGRATIONS))
-            with self.engine.begin() as conn:
-                cfg.attributes["connection"] = conn
-                command.upgrade(cfg, "head")
+            self.migrate("head")
         except (OperationalError, DBAPIError) as exc:
             raise StorageUnavailable(f"database unreachable: {_short(exc)}", stage="store") from exc
+
+    def migrate(self, revision: str, *, down: bool = False) -> None:
+        """Alembic's migrations up to ``revision`` (or ``down`` to it: ``-1`` is one back), in one transaction."""
+        from alembic import command  # imported only when there is something to migrate (``upgrade``)
+        from alembic.config import Config
+
+        cfg = Config()
+        cfg.set_main_option("script_location", str(_MIGRATIONS))
+        with self.engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            (command.downgrade if down else command.upgrade)(cfg, revision)
 
     @contextmanager
     def session(self) -> Iterator[Session]:

@@ -13,8 +13,6 @@ from pathlib import Path
 import psycopg2
 import pytest
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
 from sqlalchemy.exc import IntegrityError
 from typer.testing import CliRunner
 
@@ -24,7 +22,7 @@ from paperlane.producer.submit import SubmittedPage, submit_documents
 from paperlane.schemas import TaskSpec
 from paperlane.storage import history, ingests, status_reads, timeids
 from paperlane.storage import jobs as jobstore
-from paperlane.storage.db import _MIGRATIONS, Database, utcnow
+from paperlane.storage.db import Database, utcnow
 from paperlane.storage.ingests import NewPage
 from paperlane.storage.localfs import LocalStore
 from paperlane.storage.tables import JobRow
@@ -48,14 +46,6 @@ def pg(postgres_service: Service) -> Iterator[Database]:
     database.upgrade()
     yield database
     database.dispose()
-
-
-def _migrate(db: Database, revision: str, *, down: bool = False) -> None:
-    cfg = Config()
-    cfg.set_main_option("script_location", str(_MIGRATIONS))
-    with db.engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        (command.downgrade if down else command.upgrade)(cfg, revision)
 
 
 def _partition_of(db: Database, table: str, key: str, value: str) -> str:
@@ -87,7 +77,7 @@ VALUES ('{p1}', '{d}', '{i}', 1, '{j1}', now()), ('{p2}', '{d}', '{i}', 2, '{j2}
 
 def test_the_migration_moves_todays_rows_into_partitions_and_back(postgres_service: Service) -> None:
     db = Database(_new_database(postgres_service))
-    _migrate(db, "0009")
+    db.migrate("0009")
     ids = {k: str(uuid.uuid4()) for k in ("i", "d", "j1", "j2", "p1", "p2")}
     with db.engine.begin() as conn:
         for stmt in _OLD_ROWS.format(**ids).split(";"):
@@ -106,7 +96,7 @@ def test_the_migration_moves_todays_rows_into_partitions_and_back(postgres_servi
     page = NewPage(id=timeids.mint(), document_id=ids["d"], page_no=3, job_id=timeids.mint())
     found = ingests.register(db, ids["i"], jobs=[_job_row(page.job_id, "key2")], documents=[], pages=[page])
     assert (found.new_jobs, page.job_id) == (set(), ids["j2"])
-    _migrate(db, "0009", down=True)
+    db.migrate("0009", down=True)
     with db.engine.connect() as conn:
         assert conn.scalar(sa.text("SELECT count(*) FROM pages")) == 3
         assert conn.scalar(sa.text("SELECT relkind FROM pg_class WHERE relname = 'jobs'")) == "r"  # plain again

@@ -10,8 +10,6 @@ import uuid
 from pathlib import Path
 
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
 
 from paperlane.producer.input_items import Document
 from paperlane.producer.submit import SubmittedPage, Submitter, submit_documents
@@ -112,11 +110,7 @@ def test_an_interrupted_ingest_resumes_without_registering_anything_twice(db: Da
 
 def test_the_migration_carries_todays_jobs_into_one_ingest(tmp_path: Path) -> None:
     db = Database(f"sqlite:///{tmp_path / 'old.db'}")
-    cfg = Config()
-    cfg.set_main_option("script_location", str(Path(jobstore.__file__).with_name("migrations")))
-    with db.engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "0001")
+    db.migrate("0001")
     with db.engine.begin() as conn:
         for i, (source, page, status) in enumerate([("a.pdf", 1, "succeeded"), ("a.pdf", 2, "failed"),
                                                     ("b.png", 1, "queued")]):

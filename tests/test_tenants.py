@@ -29,20 +29,13 @@ from tests.test_ingests import doc, succeed
 
 
 def test_the_migrations_build_exactly_the_declared_schema_and_step_down_and_up(db: Database) -> None:
-    from alembic import command
-    from alembic.config import Config
-
     from alembic.script import ScriptDirectory
 
     from paperlane.storage.db import _MIGRATIONS
 
-    cfg = Config()
-    cfg.set_main_option("script_location", str(_MIGRATIONS))
-    assert head_revision() == ScriptDirectory.from_config(cfg).get_current_head()  # what upgrade() compares with
-    with db.engine.begin() as conn:  # this stop's migrations back, and again, with their views in place
-        cfg.attributes["connection"] = conn
-        command.downgrade(cfg, "0002")
-        command.upgrade(cfg, "head")
+    assert head_revision() == ScriptDirectory(str(_MIGRATIONS)).get_current_head()  # what upgrade() compares with
+    db.migrate("0002", down=True)  # this stop's migrations back, and again, with their views in place
+    db.migrate("head")
     with db.engine.connect() as conn:
         assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
 
@@ -51,20 +44,11 @@ def test_the_migrations_build_exactly_the_declared_schema_and_step_down_and_up(d
 def test_a_command_on_a_migrated_database_starts_without_alembic(db: Database) -> None:
     # Every command's start upgrades the database; one at the newest migration is told so by a query, not by
     # importing Alembic and reading every migration (half a second of a submit's CPU).
-    from alembic import command
-    from alembic.config import Config
-
-    from paperlane.storage.db import _MIGRATIONS
-
     code = ("import sys; from paperlane.storage.db import Database; Database(sys.argv[1]).upgrade(); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'alembic')[:1])")
     upgrade = [sys.executable, "-c", code, db.url]
     assert subprocess.run(upgrade, capture_output=True, text=True, check=True).stdout.strip() == "[]"
-    cfg = Config()
-    cfg.set_main_option("script_location", str(_MIGRATIONS))
-    with db.engine.begin() as conn:  # one migration behind: Alembic runs, and brings it to the newest
-        cfg.attributes["connection"] = conn
-        command.downgrade(cfg, "-1")
+    db.migrate("-1", down=True)  # one migration behind: Alembic runs, and brings it to the newest
     assert subprocess.run(upgrade, capture_output=True, text=True, check=True).stdout.strip() == "['alembic']"
     with db.engine.connect() as conn:
         assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == head_revision()
