@@ -199,14 +199,16 @@ class BoundedPool:
         wall = self._timeout * WALL_FACTOR
         try:
             conn.send((fn, args))
+            cpu, elapsed = 0.0, 0.0
             while True:
-                # A single-threaded task uses at most as much CPU as time passes: wait out what it has left.
-                cpu, elapsed = _cpu_seconds(proc) - cpu0, time.monotonic() - t0
-                if cpu >= self._timeout or elapsed >= wall:
-                    break
+                # A single-threaded task uses at most as much CPU as time passes: wait out what it has left (its CPU
+                # read from /proc only then, not before the first wait: most tasks answer within it).
                 if conn.poll(max(0.05, min(self._timeout - cpu, wall - elapsed))):
                     answer: tuple[bool, Any] = conn.recv()
                     return answer
+                cpu, elapsed = _cpu_seconds(proc) - cpu0, time.monotonic() - t0
+                if cpu >= self._timeout or elapsed >= wall:
+                    break
         except (EOFError, OSError):
             pass  # the process is gone
         except Exception as exc:  # noqa: BLE001 - a task whose arguments or result do not pickle: its own error
