@@ -208,9 +208,10 @@ class EmbeddedFallback:
 
         from paperlane.models.rapid import RapidEngine
 
-        if req.image.data is None:
+        encoded = req.image.encoded()
+        if encoded is None:
             return EngineError("the fallback engine needs the prepared page", stage="inference")
-        pixels = cv2.imdecode(np.frombuffer(req.image.data, np.uint8), cv2.IMREAD_GRAYSCALE)
+        pixels = cv2.imdecode(np.frombuffer(encoded, np.uint8), cv2.IMREAD_GRAYSCALE)
         if pixels is None:
             return EngineError("the fallback engine cannot decode the prepared page", stage="inference")
         image = PreparedImage(width=pixels.shape[1], height=pixels.shape[0], original_width=req.image.original_width,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import logging
 import time
@@ -37,7 +38,7 @@ import httpx
 
 from paperlane.errors import EngineError, EngineUnavailable, PaperlaneError, UsageError
 from paperlane.models.aio import LoopThread, PriorityLimiter
-from paperlane.models.engine import Capacity, EngineRequest, Outcome
+from paperlane.models.engine import Capacity, EngineRequest, InputSpec, Outcome
 from paperlane.models.loop_guard import Delta, LoopGuard
 from paperlane.models.vlm import VlmEngineBase
 from paperlane.models.window import WindowController
@@ -85,6 +86,11 @@ class VllmServerEngine(VlmEngineBase):
     @property
     def info(self) -> EngineInfo:
         return EngineInfo(name="vllm", version=self._version, model=f"{self._model} ({self._profile.name})")
+
+    @property
+    def input_spec(self) -> InputSpec:
+        # Base64 as well: the request's data URL is then made in the pool, off the process feeding the server.
+        return dataclasses.replace(super().input_spec, base64=True)
 
     @property
     def capacity(self) -> Capacity:
@@ -236,9 +242,10 @@ class VllmServerEngine(VlmEngineBase):
     async def _stream(self, req: EngineRequest, sampling: dict[str, Any]) -> AsyncGenerator[Delta, None]:
         """The answer to ``req`` as it streams; closing this generator closes the response (vLLM aborts)."""
         image = req.image
-        if image.data is None:
+        b64 = image.data_b64 or (base64.b64encode(image.data) if image.data is not None else None)
+        if b64 is None:
             raise EngineError("the vllm engine needs an encoded image", stage=_STAGE)
-        url = (b'"data:', (image.mime or "image/jpeg").encode(), b";base64,", base64.b64encode(image.data), b'"')
+        url = (b'"data:', (image.mime or "image/jpeg").encode(), b";base64,", b64, b'"')
         body: dict[str, Any] = {"model": self._model, "messages": self._profile.messages(req.spec, _IMAGE_SLOT),
                                 **sampling, "stream": True,
                                 "stream_options": {"include_usage": True, "continuous_usage_stats": True}}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import io
 import struct
 import time
@@ -128,6 +130,17 @@ def test_grey_scan_stays_grey_for_a_vlm_and_is_padded_to_the_multiple_not_resamp
     x, y = page.image.to_original((w, h))
     assert abs(x - page.width) <= 2 and abs(y - page.height) <= 2
     assert page.preview is not None and page.preview.ndim == 2 and max(page.preview.shape) == 600
+
+
+def test_a_spec_asking_base64_gets_it_from_the_pool_and_others_do_not() -> None:
+    """The vLLM server's client sends the page as a data URL: the pool makes its base64, not the feeding process."""
+    scan = a4_grey_jpeg(sample_lines(3))
+    plain = prepare_page(scan, VLM_SPEC)
+    asked = prepare_page(scan, dataclasses.replace(VLM_SPEC, base64=True))
+    assert plain.image.data is not None and plain.image.data_b64 is None
+    assert asked.image.data is None  # the base64 only crosses to the feeding process
+    assert asked.image.data_b64 is not None and base64.b64decode(asked.image.data_b64) == plain.image.data
+    assert asked.image.encoded() == plain.image.encoded() == plain.image.data
 
 
 def test_colour_scan_stays_colour_for_a_vlm() -> None:

@@ -5,6 +5,7 @@ annotated image is drawn on.
 
 from __future__ import annotations
 
+import base64
 import math
 
 import cv2
@@ -115,5 +116,9 @@ def engine_input(img: np.ndarray, pad: tuple[int, int], spec: InputSpec, width: 
     ok, enc = cv2.imencode(".jpg" if jpeg else ".png", img, params)
     if not ok:
         raise InputError("cannot encode the page for the engine", stage=_STAGE)
-    prepared.data, prepared.mime = enc.tobytes(), f"image/{spec.encoding}"
+    prepared.mime = f"image/{spec.encoding}"
+    if spec.base64:
+        prepared.data_b64 = base64.b64encode(enc.data)
+    else:
+        prepared.data = enc.tobytes()
     return prepared

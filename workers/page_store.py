@@ -91,7 +91,7 @@ class Finish:
 
     @staticmethod
     def geometry(image: PreparedImage) -> PreparedImage:
-        return dataclasses.replace(image, pixels=None, data=None)
+        return dataclasses.replace(image, pixels=None, data=None, data_b64=None)
 
 
 @dataclass
