@@ -37,6 +37,7 @@ from typing import Any
 import httpx
 
 from paperlane.errors import EngineError, EngineUnavailable, PaperlaneError, UsageError
+from paperlane.models import http_streams
 from paperlane.models.aio import LoopThread, PriorityLimiter
 from paperlane.models.engine import Capacity, EngineRequest, InputSpec, Outcome
 from paperlane.models.loop_guard import Delta, LoopGuard
@@ -142,7 +143,8 @@ class VllmServerEngine(VlmEngineBase):
         # at once (``PriorityLimiter``): without it they would wait in httpx's queue for a batch page's connection.
         per_pool = -(-n // pools)
         limits = httpx.Limits(max_connections=per_pool + _URGENT_CONNECTIONS, max_keepalive_connections=per_pool)
-        self._pools = [httpx.AsyncClient(headers=headers, timeout=timeout, limits=limits) for _ in range(pools)]
+        self._pools = [httpx.AsyncClient(headers=headers, timeout=timeout, transport=http_streams.transport(limits))
+                       for _ in range(pools)]
         self._pool_load = [0] * pools
         self._client = self._pools[0]
         self._slots = PriorityLimiter(self._first_window())
