@@ -14,10 +14,11 @@ import math
 import os
 from pathlib import Path
 
-# The worker process itself: one core's worth. It runs the page slots, the engine client (base64
-# and JSON for every page), post-processing, drawing the annotated images (OpenCV, on its render
-# threads) and storing; as one Python process it does that work on about one core at most, and
-# the pool's processes are niced below it so that it gets that core when it needs it.
+# The worker process itself: one core's worth. It feeds the engine: the page slots (Celery's threads, each page's
+# rows), the engine client (its requests, and every streamed answer read through the loop guard) and the pool's
+# hand-offs; the pool does the rest (preparing, base64 for a server engine, post-processing, storing objects,
+# document outputs). As one Python process it works on about one core at most, and the pool's processes are niced
+# below it so that it gets that core when it needs it.
 WORKER_OWN_CPUS = 1
 
 
