@@ -58,7 +58,7 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
 
     async def aclose(self) -> None:
         self._writer.close()
-        with contextlib.suppress(OSError, asyncio.CancelledError):
+        with contextlib.suppress(OSError):
             await self._writer.wait_closed()
 
     async def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,

@@ -4,9 +4,13 @@ streamed in many small chunks, kept-alive connections the server closed, and eve
 from __future__ import annotations
 
 import asyncio
+import datetime
+import ipaddress
 import socket
+import ssl
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -121,3 +125,50 @@ def test_a_port_nobody_listens_on_is_httpx_s_connect_error() -> None:
         port = s.getsockname()[1]  # closed on leaving: nothing listens there
     with pytest.raises(httpx.ConnectError):
         _get(f"http://127.0.0.1:{port}/")
+
+
+def _self_signed(folder: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key (cryptography comes with ocrmypdf's pdfminer, a test dependency)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def test_an_https_server_is_read_over_tls_verified_as_httpx_verifies_it(
+        serve: Callable[[Handler], str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cert, key = _self_signed(tmp_path)
+    server_side = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_side.load_cert_chain(cert, key)
+
+    def tls_events(conn: socket.socket, n: int) -> None:
+        try:
+            wrapped = server_side.wrap_socket(conn, server_side=True)
+        except (ssl.SSLError, OSError):
+            conn.close()  # a client that did not trust the certificate
+            return
+        _stream_events(wrapped, n)
+
+    url = serve(tls_events).replace("http://", "https://") + "/v1/chat/completions"
+    with pytest.raises(httpx.ConnectError):  # the machine's own authorities do not know this certificate
+        _get(url)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # as httpx's own default transport reads it (trust_env)
+    [(body, stream)] = _get(url)
+    assert body == b"".join(EVENTS)
+    assert isinstance(stream, AsyncioStream) and stream.get_extra_info("ssl_object") is not None
