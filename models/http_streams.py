@@ -19,7 +19,7 @@ import contextlib
 import select
 import socket
 import ssl
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
 from typing import Any
 
 import httpcore
@@ -91,29 +91,13 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
 class AsyncioBackend(httpcore.AsyncNetworkBackend):
     async def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
                           socket_options: Iterable[SocketOption] | None = None) -> httpcore.AsyncNetworkStream:
-        try:
-            async with asyncio.timeout(timeout):
-                reader, writer = await asyncio.open_connection(
-                    host, port, local_addr=(local_address, 0) if local_address else None)
-        except TimeoutError as exc:
-            raise httpcore.ConnectTimeout(str(exc)) from exc
-        except OSError as exc:
-            raise httpcore.ConnectError(str(exc)) from exc
-        _set_options(writer, socket_options)
-        return AsyncioStream(reader, writer)
+        local = (local_address, 0) if local_address else None
+        return await _connected(asyncio.open_connection(host, port, local_addr=local), timeout, socket_options)
 
     async def connect_unix_socket(self, path: str, timeout: float | None = None,
                                   socket_options: Iterable[SocketOption] | None = None
                                   ) -> httpcore.AsyncNetworkStream:
-        try:
-            async with asyncio.timeout(timeout):
-                reader, writer = await asyncio.open_unix_connection(path)
-        except TimeoutError as exc:
-            raise httpcore.ConnectTimeout(str(exc)) from exc
-        except OSError as exc:
-            raise httpcore.ConnectError(str(exc)) from exc
-        _set_options(writer, socket_options)
-        return AsyncioStream(reader, writer)
+        return await _connected(asyncio.open_unix_connection(path), timeout, socket_options)
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
@@ -132,10 +116,20 @@ def transport(limits: httpx.Limits) -> httpx.AsyncHTTPTransport:
     return made
 
 
-def _set_options(writer: asyncio.StreamWriter, options: Iterable[SocketOption] | None) -> None:
+async def _connected(opening: Coroutine[Any, Any, tuple[asyncio.StreamReader, asyncio.StreamWriter]],
+                     timeout: float | None, options: Iterable[SocketOption] | None) -> AsyncioStream:
+    """The stream ``opening`` opens within ``timeout``, its socket given ``options``; httpcore's errors if not."""
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await opening
+    except TimeoutError as exc:
+        raise httpcore.ConnectTimeout(str(exc)) from exc
+    except OSError as exc:
+        raise httpcore.ConnectError(str(exc)) from exc
     sock = writer.get_extra_info("socket")
     for option in options or ():
         sock.setsockopt(*option)
+    return AsyncioStream(reader, writer)
 
 
 def _readable(sock: socket.socket | None) -> bool:
