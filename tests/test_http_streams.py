@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from paperlane.models.http_streams import AsyncioStream, transport
+from tests.services import free_port
 
 LIMITS = httpx.Limits(max_connections=4, max_keepalive_connections=4)
 Handler = Callable[[socket.socket, int], None]
@@ -121,10 +122,8 @@ def test_a_server_that_never_answers_is_httpx_s_read_timeout(serve: Callable[[Ha
 
 
 def test_a_port_nobody_listens_on_is_httpx_s_connect_error() -> None:
-    with socket.create_server(("127.0.0.1", 0)) as s:
-        port = s.getsockname()[1]  # closed on leaving: nothing listens there
     with pytest.raises(httpx.ConnectError):
-        _get(f"http://127.0.0.1:{port}/")
+        _get(f"http://127.0.0.1:{free_port()}/")
 
 
 def _self_signed(folder: Path) -> tuple[Path, Path]:
