@@ -145,8 +145,9 @@ def health_url(svc: dict[str, Any]) -> str:
 
 def test_the_stack_has_its_parts() -> None:
     names = set(compose()["services"])
-    assert {"redis", "postgres", "s3", "migrate", "vllm", "worker", "worker-cpu", "api", "prometheus"} <= names
-    assert set(paperlane_services()) == {"migrate", "worker", "worker-cpu", "api"}
+    assert {"redis", "postgres", "s3", "migrate", "vllm", "worker", "outputs", "worker-cpu", "api",
+            "prometheus"} <= names
+    assert set(paperlane_services()) == {"migrate", "worker", "outputs", "worker-cpu", "api"}
 
 
 def test_every_variable_is_in_the_env_example() -> None:
@@ -189,7 +190,7 @@ def test_every_paperlane_variable_is_a_setting() -> None:
     assert problems == []
 
 
-@pytest.mark.parametrize("name", ["migrate", "worker", "worker-cpu", "api"])
+@pytest.mark.parametrize("name", ["migrate", "worker", "outputs", "worker-cpu", "api"])
 def test_settings_parse_and_point_at_the_services(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     s = settings_of(name, monkeypatch)
     pg_env, s3_env = environment(service("postgres")), environment(service("s3"))
@@ -224,7 +225,7 @@ def test_dockerfile_entrypoint_is_paperlane() -> None:
     assert all("entrypoint" not in service(n) for n in paperlane_services())
 
 
-@pytest.mark.parametrize("name", ["migrate", "worker", "worker-cpu", "api"])
+@pytest.mark.parametrize("name", ["migrate", "worker", "outputs", "worker-cpu", "api"])
 def test_commands_are_registered(name: str) -> None:
     assert command_problem(argv(service(name))) is None
 
@@ -248,7 +249,7 @@ def test_api_port_healthcheck_and_publishing(monkeypatch: pytest.MonkeyPatch) ->
     assert (url.port, url.path) == (s.api.port, "/healthz")
 
 
-@pytest.mark.parametrize("name", ["worker", "worker-cpu"])
+@pytest.mark.parametrize("name", ["worker", "outputs", "worker-cpu"])
 def test_workers_serve_metrics_on_9100(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     s = settings_of(name, monkeypatch)
     assert s.metrics.port == 9100
@@ -276,12 +277,23 @@ def test_cpu_workers_use_the_embedded_engine(monkeypatch: pytest.MonkeyPatch) ->
     assert "vllm" not in service("worker-cpu")["depends_on"]
 
 
+def test_gpu_workers_leave_outputs_to_the_outputs_service(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As deploy/k8s: a GPU worker's CPU feeds the engine; `paperlane outputs` writes its documents' outputs,
+    in the same profile (a GPU worker's documents would otherwise never get them)."""
+    assert settings_of("worker", monkeypatch).worker.write_outputs is False
+    assert argv(service("outputs")) == ["outputs"]
+    assert service("outputs")["profiles"] == service("worker")["profiles"]
+    assert "vllm" not in service("outputs")["depends_on"]  # it needs no engine
+    assert settings_of("worker-cpu", monkeypatch).worker.write_outputs is True  # no outputs service on its profile
+
+
 def test_profiles_keep_the_gpu_out_of_cpu_hosts() -> None:
     assert service("vllm")["profiles"] == ["gpu"]
     assert service("worker")["profiles"] == ["gpu"]
+    assert service("outputs")["profiles"] == ["gpu"]
     assert service("worker-cpu")["profiles"] == ["cpu"]
     for name, svc in compose()["services"].items():
-        if name not in ("vllm", "worker", "worker-cpu"):
+        if name not in ("vllm", "worker", "outputs", "worker-cpu"):
             assert "profiles" not in svc, f"{name} must start in every profile"
 
 
@@ -332,7 +344,7 @@ def test_dependencies_wait_for_health_or_completion() -> None:
 
 def test_paperlane_waits_for_the_migration() -> None:
     assert service("migrate")["command"] == ["db", "upgrade"]
-    for name in ("worker", "worker-cpu", "api"):
+    for name in ("worker", "outputs", "worker-cpu", "api"):
         deps = service(name)["depends_on"]
         assert deps["migrate"]["condition"] == "service_completed_successfully"
         for dep in ("redis", "postgres", "s3"):
@@ -369,6 +381,9 @@ def test_prometheus_scrapes_the_api_workers_and_vllm(monkeypatch: pytest.MonkeyP
     [dns] = _scrape_configs()["paperlane-worker"]["dns_sd_configs"]
     assert (sorted(dns["names"]), dns["type"]) == (sorted(worker_services()), "A")
     assert dns["port"] == settings_of("worker", monkeypatch).metrics.port
+    [dns] = _scrape_configs()["paperlane-outputs"]["dns_sd_configs"]
+    outputs_port = settings_of("outputs", monkeypatch).metrics.port
+    assert (dns["names"], dns["type"], dns["port"]) == (["outputs"], "A", outputs_port)
     assert _static_targets("vllm") == [("vllm", int(flags(argv(service("vllm")))["--port"]))]
     assert _static_targets("seaweedfs") == [("s3", int(flags(argv(service("s3")))["-metricsPort"]))]
 
@@ -376,7 +391,7 @@ def test_prometheus_scrapes_the_api_workers_and_vllm(monkeypatch: pytest.MonkeyP
 def test_prometheus_targets_are_services_and_its_config_is_mounted() -> None:
     names = set(compose()["services"])
     for job in _scrape_configs():
-        if job not in ("paperlane-worker", "prometheus"):
+        if job not in ("paperlane-worker", "paperlane-outputs", "prometheus"):
             assert {host for host, _ in _static_targets(job)} <= names, job
     mounts = [v.split(":") for v in service("prometheus")["volumes"]]
     assert ["./deploy/prometheus.yml", "/etc/prometheus/prometheus.yml", "ro"] in mounts
