@@ -8,7 +8,9 @@ dpi scans are registered through the real producer (as ``paperlane submit`` and 
 the counters are read again at each step. So every figure is the marginal cost of one more page, split into
 registering it (producer) and processing it (worker):
 
-- Redis commands (INFO commandstats: a Lua script's call counts, and so does every command it runs)
+- Redis commands (INFO commandstats: a Lua script's call counts, and so does every command it runs: server work)
+- Redis round trips (INFO stats' total_reads_processed: the reads Redis served, a pipeline's or a script's one or
+  few; the benchmark's own INFO and connection set-up left out)
 - PostgreSQL statements (pg_stat_statements' calls, the benchmark's own reads left out; the most called
   statements of processing a page are listed)
 - S3 requests by type (SeaweedFS_s3_request_total)
@@ -55,6 +57,7 @@ class Reading:
     """The counters at one moment."""
 
     redis: Counter[str]  # calls by command
+    reads: int  # the reads Redis served (total_reads_processed)
     pg: int  # statements
     statements: Counter[str]  # calls by statement (pg_stat_statements' normalised text)
     s3: Counter[str]  # requests by type
@@ -64,8 +67,11 @@ class Reading:
 
 
 def read(svc: Services, metrics_port: int, dsn: str, worker_pid: int | None) -> Reading:
-    stats = redis.Redis.from_url(svc.redis.url).info("commandstats")
+    client = redis.Redis.from_url(svc.redis.url)
+    stats = client.info("commandstats")
     calls = Counter({k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()})
+    reads = int(client.info("stats")["total_reads_processed"])
+    client.close()
     with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
         cur.execute("SELECT query, calls FROM pg_stat_statements WHERE dbid = "
                     "(SELECT oid FROM pg_database WHERE datname = current_database())")
@@ -79,7 +85,7 @@ def read(svc: Services, metrics_port: int, dsn: str, worker_pid: int | None) -> 
         kind = re.search(r'type="([^"]*)"', m.group("labels"))
         s3[kind.group(1) if kind else "?"] += int(float(m.group("value")))
     cpu = sum(group_cpu(worker_pid).values()) if worker_pid else 0.0
-    return Reading(calls, pg, statements, s3, tables, cpu, time.time())
+    return Reading(calls, reads, pg, statements, s3, tables, cpu, time.time())
 
 
 def submit(settings: Settings, db: Database, pages: list[bytes], start: int) -> list[str]:
@@ -97,9 +103,17 @@ def wait_final(db: Database, n: int, timeout: float) -> None:
         time.sleep(0.25)
 
 
+_OWN_REDIS = ("info", "client|setinfo", "hello")  # what reading the counters sends, each one read
+
+
+def _own(a: Reading, b: Reading) -> int:
+    return sum(b.redis[name] - a.redis[name] for name in _OWN_REDIS)
+
+
 def per_page(a: Reading, b: Reading, pages: int) -> dict[str, float]:
-    redis_calls = sum((b.redis - a.redis).values()) - (b.redis["info"] - a.redis["info"])
-    return {"redis": redis_calls / pages, "pg": (b.pg - a.pg) / pages, "s3": sum((b.s3 - a.s3).values()) / pages,
+    redis_calls = sum((b.redis - a.redis).values()) - _own(a, b)
+    return {"redis": redis_calls / pages, "reads": (b.reads - a.reads - _own(a, b)) / pages,
+            "pg": (b.pg - a.pg) / pages, "s3": sum((b.s3 - a.s3).values()) / pages,
             "cpu_ms": (b.cpu - a.cpu) * 1000 / pages}
 
 
@@ -167,8 +181,8 @@ def report(pages: int, failed: int, before: Reading, registered: Reading, done: 
     reg, work = per_page(before, registered, pages), per_page(registered, done, pages)
     print(f"{pages} A4 300 dpi scans ({failed} failed), processed in {done.at - registered.at:.1f}s by one worker")
     print(f"{'per page':<28}{'register':>10}{'process':>10}{'total':>10}")
-    for key, name in (("redis", "Redis commands"), ("pg", "PostgreSQL statements"), ("s3", "S3 requests"),
-                      ("cpu_ms", "worker CPU ms")):
+    for key, name in (("redis", "Redis commands"), ("reads", "Redis round trips"), ("pg", "PostgreSQL statements"),
+                      ("s3", "S3 requests"), ("cpu_ms", "worker CPU ms")):
         print(f"{name:<28}{reg[key]:>10.1f}{work[key]:>10.1f}{reg[key] + work[key]:>10.1f}")
     print(f"S3 requests by type: {dict((done.s3 - before.s3).most_common())}")
     print("PostgreSQL statements processing a page, most called (per page):")
@@ -180,9 +194,10 @@ def report(pages: int, failed: int, before: Reading, registered: Reading, done: 
     print(f"database bytes per page: {sum(grown.values()) / pages:,.0f} (before vacuum; "
           f"{', '.join(f'{k} {v / pages:,.0f}' for k, v in grown.most_common(5))})")
     seconds = idle.at - done.at
-    idle_calls = sum((idle.redis - done.redis).values()) - (idle.redis["info"] - done.redis["info"])
-    print(f"idle worker: {idle_calls / seconds:.1f} Redis commands/s, {(idle.pg - done.pg) / seconds:.2f} "
-          f"PostgreSQL statements/s over {seconds:.0f}s")
+    idle_calls = sum((idle.redis - done.redis).values()) - _own(done, idle)
+    idle_reads = idle.reads - done.reads - _own(done, idle)
+    print(f"idle worker: {idle_calls / seconds:.1f} Redis commands/s ({idle_reads / seconds:.1f} round trips/s), "
+          f"{(idle.pg - done.pg) / seconds:.2f} PostgreSQL statements/s over {seconds:.0f}s")
     print(f"redis_cmds_per_page={reg['redis'] + work['redis']:.1f}")
 
 
