@@ -21,9 +21,11 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -249,6 +251,16 @@ def cpu_by_part(start: dict[int, tuple[str, int, float]], end: dict[int, tuple[s
         part = processes.get(pid) or groups.get(pgid) or SERVICES.get(comm, "other")
         parts[part] = parts.get(part, 0.0) + spent
     return parts
+
+
+def redis_calls(client: Any) -> Counter[str]:
+    """Redis's counters now: commands run, by name (INFO commandstats: a Lua script's call counts, and so does every
+    command it runs), and under ``reads`` the reads it served (INFO stats): one per round trip, a pipeline's
+    included. Reading them is two INFO commands, two reads."""
+    calls = Counter({name.removeprefix("cmdstat_"): int(v["calls"])
+                     for name, v in client.info("commandstats").items()})
+    calls["reads"] = int(client.info("stats")["total_reads_processed"])
+    return calls
 
 
 def machine_cpu() -> tuple[float, float]:

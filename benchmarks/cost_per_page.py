@@ -35,7 +35,8 @@ from pathlib import Path
 import httpx
 import psycopg2
 import redis
-from common import Services, finished_jobs, group_cpu, stamped_scans, start_worker, stop, write_config
+from common import (Services, finished_jobs, group_cpu, redis_calls, stamped_scans, start_worker, stop,
+                    write_config)
 
 from paperlane.priority.broker import PagePublisher, make_celery
 from paperlane.priority.lanes import Lane
@@ -68,9 +69,8 @@ class Reading:
 
 def read(svc: Services, metrics_port: int, dsn: str, worker_pid: int | None) -> Reading:
     client = redis.Redis.from_url(svc.redis.url)
-    stats = client.info("commandstats")
-    calls = Counter({k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()})
-    reads = int(client.info("stats")["total_reads_processed"])
+    calls = redis_calls(client)
+    reads = calls.pop("reads")
     client.close()
     with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
         cur.execute("SELECT query, calls FROM pg_stat_statements WHERE dbid = "
@@ -111,8 +111,8 @@ def _own(a: Reading, b: Reading) -> int:
 
 
 def per_page(a: Reading, b: Reading, pages: int) -> dict[str, float]:
-    redis_calls = sum((b.redis - a.redis).values()) - _own(a, b)
-    return {"redis": redis_calls / pages, "reads": (b.reads - a.reads - _own(a, b)) / pages,
+    own = _own(a, b)
+    return {"redis": (sum((b.redis - a.redis).values()) - own) / pages, "reads": (b.reads - a.reads - own) / pages,
             "pg": (b.pg - a.pg) / pages, "s3": sum((b.s3 - a.s3).values()) / pages,
             "cpu_ms": (b.cpu - a.cpu) * 1000 / pages}
 
@@ -194,10 +194,9 @@ def report(pages: int, failed: int, before: Reading, registered: Reading, done: 
     print(f"database bytes per page: {sum(grown.values()) / pages:,.0f} (before vacuum; "
           f"{', '.join(f'{k} {v / pages:,.0f}' for k, v in grown.most_common(5))})")
     seconds = idle.at - done.at
-    idle_calls = sum((idle.redis - done.redis).values()) - _own(done, idle)
-    idle_reads = idle.reads - done.reads - _own(done, idle)
-    print(f"idle worker: {idle_calls / seconds:.1f} Redis commands/s ({idle_reads / seconds:.1f} round trips/s), "
-          f"{(idle.pg - done.pg) / seconds:.2f} PostgreSQL statements/s over {seconds:.0f}s")
+    quiet = per_page(done, idle, 1)  # the idle interval's totals, the benchmark's own reads left out
+    print(f"idle worker: {quiet['redis'] / seconds:.1f} Redis commands/s ({quiet['reads'] / seconds:.1f} round "
+          f"trips/s), {quiet['pg'] / seconds:.2f} PostgreSQL statements/s over {seconds:.0f}s")
     print(f"redis_cmds_per_page={reg['redis'] + work['redis']:.1f}")
 
 

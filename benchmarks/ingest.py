@@ -35,7 +35,7 @@ from pathlib import Path
 import psycopg2
 import psycopg2.extensions
 import redis as redis_lib
-from common import PAPERLANE, Services, small_page, start_services, with_comment, write_config
+from common import PAPERLANE, Services, redis_calls, small_page, start_services, with_comment, write_config
 from sqlalchemy import func, select
 
 from paperlane.priority import fair
@@ -136,13 +136,6 @@ def _sql_calls(admin: psycopg2.extensions.connection, database: str) -> Counter[
     return calls
 
 
-def _redis_calls(r: redis_lib.Redis) -> Counter[str]:
-    """Commands run, by name, and (``reads``) the reads Redis served: one per round trip, a pipeline's included."""
-    calls = Counter({name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in r.info("commandstats").items()})
-    calls["reads"] = int(r.info("stats")["total_reads_processed"])
-    return calls
-
-
 def _messages(settings: Settings) -> int:
     """Batch messages in Redis: on the lane's buffer lists and waiting by fair share behind them."""
     client = with_prefix(redis_lib.Redis.from_url(settings.redis.url), settings.redis.key_prefix)
@@ -182,9 +175,9 @@ def main() -> None:
             database = settings.database_url.rsplit("/", 1)[1]
             r = redis_lib.Redis.from_url(settings.redis.url)
             admin.cursor().execute("SELECT pg_stat_statements_reset()")
-            redis_before = _redis_calls(r)
+            redis_before = redis_calls(r)
             run = _submit(config, folder, profile=args.profile)
-            sql, rcmds = _sql_calls(admin, database), _redis_calls(r) - redis_before
+            sql, rcmds = _sql_calls(admin, database), redis_calls(r) - redis_before
             with db.session() as s:
                 jobs = s.scalar(select(func.count()).select_from(JobRow).where(JobRow.enqueued_at.is_not(None)))
                 pages = s.scalar(select(func.count()).select_from(PageRow))
