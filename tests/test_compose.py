@@ -390,9 +390,12 @@ def test_prometheus_scrapes_the_api_workers_and_vllm(monkeypatch: pytest.MonkeyP
 
 def test_prometheus_targets_are_services_and_its_config_is_mounted() -> None:
     names = set(compose()["services"])
-    for job in _scrape_configs():
-        if job not in ("paperlane-worker", "paperlane-outputs", "prometheus"):
-            assert {host for host, _ in _static_targets(job)} <= names, job
+    for job, config in _scrape_configs().items():
+        if job == "prometheus":  # itself, on localhost
+            continue
+        hosts = {host for host, _ in _static_targets(job)} if "static_configs" in config else set()
+        hosts |= {name for sd in config.get("dns_sd_configs", []) for name in sd["names"]}
+        assert hosts and hosts <= names, job
     mounts = [v.split(":") for v in service("prometheus")["volumes"]]
     assert ["./deploy/prometheus.yml", "/etc/prometheus/prometheus.yml", "ro"] in mounts
 
