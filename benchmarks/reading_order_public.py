@@ -8,13 +8,14 @@ else as OmniDocBench's; either loader gives the same pages and truth, scored the
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
 
-from benchmarks import docbank_pages, hrdoc_pages, public_pages
+from benchmarks import docbank_pages, docbank_papers, hrdoc_pages, public_pages
 from benchmarks.public_pages import PublicPage, char_f1, region_order_distance, word_f1
 from paperlane.gutters import split_at_gutters
 from paperlane.layout import order_lines, quad_box
@@ -123,11 +124,16 @@ def load(root: Path) -> list[PublicPage]:
 
 
 def run(roots: Sequence[Path], *, cache: Path | None, per_page: bool,
-        halves: tuple[str, ...] = ("develop", "measure")) -> None:
+        halves: tuple[str, ...] = ("develop", "measure"), papers: Path | None = None,
+        papers_dpi: Sequence[int] = (), per_paper: int | None = None) -> None:
     """Print each group's figures (OmniDocBench's halves, HRDoc's layouts) under both orders."""
     engine = RapidEngine(layout_model="auto")
     engine.start()
     found = [page for root in roots for page in load(root) if page.half in halves]
+    if papers is not None and "develop" in halves:  # the develop papers' other pages (docbank_papers)
+        rendered = (cache or Path(tempfile.mkdtemp())) / "docbank-papers"
+        found += [page for dpi in papers_dpi for page in docbank_papers.load(papers, rendered, dpi=dpi,
+                                                                                per_paper=per_paper)]
     pages = [(page, *read_page(page, engine, cache)) for page in found]
     groups = [*halves, *sorted({page.group for page in found} - set(halves))]
     for name, order, split in (("geometry", geometry_order, False), ("regions", region_order, True)):

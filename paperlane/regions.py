@@ -6,23 +6,27 @@
 line goes to the smallest region that holds at least half of it, or half of which it holds (the inner of nested
 ones), and its box is cut to that region's (give or take ``region_slack``: the detector runs a line on across
 a gutter now and then); lines in no region are grouped as ``paperlane.layout`` groups them, each group a region
-of its own (the lines of a "figure" that is text, grouped among themselves). A figure, table or formula with no
-line in it still takes its place on the page in the cuts below. Then:
+of its own (the lines of a "figure" that is text, grouped among themselves; never lines that the page's own
+geometry reads apart, nor lines apart both across and down the page). A figure, table or formula keeps its
+region's box, however few lines it holds, and one with no line in it still takes its place on the page in the
+cuts below. Then:
 
 1. Running heads (``header``) are read first and running feet and page numbers (``footer``) last, each kept
    with its kind; ``layout.margins = "omit"`` leaves them out of ``text`` (they stay in the lines and blocks).
    A head with text wholly above it, or a foot with text wholly below it, is no margin: a paragraph in place.
 2. The other regions are cut recursively, XY-cut style: into bands where a blank horizontal strip crosses the
    set, read top to bottom, consecutive bands joined again while each splits into columns and together they
-   still do (columns run on through gaps that happen to line up); a set that is one such run is cut where a
+   still do (columns run on through gaps that happen to line up), or while one without columns (a section
+   heading in one column) lies between columns that go on under it; a set that is one such run is cut where a
    blank vertical strip runs through every region of it into columns, read left to right (right to left on
-   a right-to-left page). So a title or a figure across the columns ends the columns above it and starts
-   those below it, and a footnote under the columns is read after them. Regions overlap a little where the
-   model's boxes are loose: a strip is blank when no region reaches more than ``region_slack`` line heights
-   into it. A set that neither cut separates (a
-   newspaper's headline over some of its columns, beside another article's) is read by precedence
-   (``paperlane.precedence``: above before below where they overlap, left before right unless something
-   across both lies between them), not by its regions' tops, which would read across the columns.
+   a right-to-left page), a strip narrower than a column (a formula's number, or a piece of one standing out
+   into the gutter) going with the nearer column. So a title or a figure across the columns ends the columns
+   above it and starts those below it, and a footnote under the columns is read after them. Regions overlap a
+   little where the model's boxes are loose: a strip is blank when no region reaches more than
+   ``region_slack`` line heights into it. A set that neither cut separates (a newspaper's headline over some
+   of its columns, beside another article's) is read by precedence (``paperlane.precedence``: above before
+   below where they overlap, left before right unless something across both lies between them), not by its
+   regions' tops, which would read across the columns.
    Before the cuts, a region whose lines have a gutter between columns of running text (the model drew one
    box across two columns) is cut into those columns and the runs above and below them
    (``paperlane.layout.column_pieces``), so that each column is read in its place on the page; and any region
@@ -66,6 +70,7 @@ _GUTTER_REACH = 3  # line heights: a gutter between regions this far above or be
 _GUTTER_WIDTH = 4  # line heights: the widest such gutter (two regions further apart have room for more between)
 _COLUMN_HEIGHT = 3  # line heights: the least a region's piece beside such a gutter runs down (a formula's are less)
 _PICTURE_KINDS = frozenset({KINDS[kind] for kind in _PICTURES})
+_RESUME_GAP = 3  # paragraph gaps: a heading further below a run of columns (a title page's authors) starts a run
 
 
 @dataclass(frozen=True)
@@ -134,7 +139,9 @@ def order_regions(lines: Sequence[Line], regions: Sequence[Found], *, page_size:
 def _unmixed(part: _Region, number: int, boxes: list[Box], owner: dict[int, int]) -> list[_Region]:
     """A region cut, top to bottom, wherever a line of another region lies inside the box of its lines (the
     model's boxes are loose and overlap: a region holding another's lines would be read around them); each
-    piece's box is that of its lines."""
+    piece's box is that of its lines. A figure, table or formula not cut keeps its own box too: a chart's few
+    labels are narrower than the chart, which stands in its column as a whole (its labels' box, narrower than a
+    column, left the column beside it read first, from the top of the page)."""
     mine = sorted(part.lines, key=lambda i: boxes[i][1])
     box = union_box([boxes[i] for i in mine])
     foreign = sorted(_centre(boxes[j])[1] for j in range(len(boxes))
@@ -145,6 +152,8 @@ def _unmixed(part: _Region, number: int, boxes: list[Box], owner: dict[int, int]
                               _centre(boxes[pieces[-1][-1]])[1] < y < _centre(boxes[i])[1] for y in foreign):
             pieces.append([])
         pieces[-1].append(i)
+    if len(pieces) == 1 and part.kind in _PICTURE_KINDS:  # a picture takes its place whole, not its labels'
+        return [_Region(part.kind, union_box([part.box, box]), mine)]
     return [_Region(part.kind, union_box([boxes[i] for i in piece]), piece) for piece in pieces]
 
 
@@ -284,15 +293,54 @@ def _orphans(lines: Sequence[Line], boxes: list[Box], placed: list[int | None], 
              page_size: tuple[int, int], settings: LayoutSettings) -> list[_Region]:
     """The lines in no region, grouped into blocks as ``paperlane.layout`` groups them, each block a region; the
     lines taken from a figure (``freed``: its number, else -1) are grouped among themselves, so that the labels
-    of two charts side by side do not make one block across the columns."""
+    of two charts side by side do not make one block across the columns. Two of them share a block only where
+    the page's own geometry (all its lines) puts them in one paragraph too: a few lines alone show no columns,
+    and an equation's number at the foot of one column and a line at the top of the next one made a block
+    across the gutter (which then closed it, and the page was read across its columns)."""
+    orphans = [i for i, p in enumerate(placed) if p is None]
+    if not orphans:
+        return []
+    paragraph = {i: n for n, (_, group) in enumerate(line_groups(lines, settings=settings) or []) for i in group}
     out = []
-    for origin in sorted({f for p, f in zip(placed, freed) if p is None}):
-        idx = [i for i, p in enumerate(placed) if p is None and freed[i] == origin]
+    for origin in sorted({freed[i] for i in orphans}):
+        idx = [i for i in orphans if freed[i] == origin]
         groups = (line_groups([lines[i] for i in idx], page_height=page_size[1], settings=settings)
                   or [(BlockKind.PARAGRAPH, list(range(len(idx))))])
-        out += [_Region(kind, union_box([boxes[idx[k]] for k in group]), [idx[k] for k in group])
-                for kind, group in groups]
+        for kind, group in groups:
+            apart: dict[int | None, list[int]] = {}
+            for k in group:
+                apart.setdefault(paragraph.get(idx[k]), []).append(idx[k])
+            out += [_Region(kind, union_box([boxes[i] for i in part]), part)
+                    for piece in apart.values() for part in _side_by_side(piece, boxes)]
     return out
+
+
+def _side_by_side(idx: list[int], boxes: list[Box]) -> list[list[int]]:
+    """``idx`` cut into the sets of lines joined by overlapping horizontal extents or a row they share (one
+    another's, or through others in the set); each set in the order given. Lines apart both ways (a heading at
+    the foot of one column, a formula's last piece at the top of the next) are no paragraph."""
+    owner = {i: i for i in idx}
+
+    def root(i: int) -> int:
+        while owner[i] != i:
+            owner[i] = owner[owner[i]]
+            i = owner[i]
+        return i
+
+    for a, i in enumerate(idx):
+        for j in idx[a + 1:]:
+            if _overlaps(boxes[i], boxes[j], 0) or _overlaps(boxes[i], boxes[j], 1):
+                owner[root(i)] = root(j)
+    sets: dict[int, list[int]] = {}
+    for i in idx:
+        sets.setdefault(root(i), []).append(i)
+    return list(sets.values())
+
+
+def _overlaps(a: Box, b: Box, axis: int) -> bool:
+    """Whether ``a`` and ``b`` overlap along ``axis`` (0: horizontally; 1: in a row, by over half the shorter)."""
+    overlap = min(a[axis + 2], b[axis + 2]) - max(a[axis], b[axis])
+    return overlap > 0 if axis == 0 else overlap > 0.5 * min(a[3] - a[1], b[3] - b[1])
 
 
 @dataclass
@@ -316,10 +364,25 @@ class _Cut:
     def _columns(self, parts: list[_Region]) -> list[list[_Region]] | None:
         """``parts`` cut at blank vertical strips into columns each at least ``min_width`` wide, in reading
         order; None when there is no such cut."""
-        columns = self._split(parts, axis=0)
+        columns = self._absorbed(self._split(parts, axis=0))
         if len(columns) < 2 or any(_width(col) < self.min_width for col in columns):
             return None
         return columns[::-1] if self.rtl else columns
+
+    def _absorbed(self, columns: list[list[_Region]]) -> list[list[_Region]]:
+        """``columns`` (left to right) with each strip narrower than a column joined to the nearer of the columns
+        beside it, when there are at least two: a piece of a formula, or what the recogniser read of one,
+        standing out into the gutter, or a formula's number beside it, is of its column and no third column."""
+        wide = [k for k, col in enumerate(columns) if _width(col) >= self.min_width]
+        if len(wide) < 2 or len(wide) == len(columns):
+            return columns
+        joined = {k: list(columns[k]) for k in wide}
+        for k, col in enumerate(columns):
+            if k not in joined:
+                beside = [w for w in (max((w for w in wide if w < k), default=None),
+                                      min((w for w in wide if w > k), default=None)) if w is not None]
+                joined[min(beside, key=lambda w: _apart(columns[w], col))] += col
+        return [joined[k] for k in wide]
 
     def _runs(self, bands: list[list[_Region]]) -> list[list[_Region]]:
         """Consecutive bands joined while together they still split into columns: the columns below a title
@@ -329,18 +392,36 @@ class _Cut:
         column: a heading at the top of one column under them, further down than a paragraph gap, left the
         floats read as a row before both columns); one further down a run of text (a footnote, a closing
         paragraph under the columns, the abstract under a title page's authors) or two bands of one region each,
-        side by side only by chance, stay apart. The price, as in
+        side by side only by chance, stay apart, unless columns that go on the run's follow it within
+        ``_RESUME_GAP`` paragraph gaps (``_resumed``: a section heading in one column). The price, as in
         ``paperlane.layout``: a column that runs on alone below its neighbour's end after a paragraph gap is
         read after its neighbour."""
         runs: list[list[_Region]] = []
-        for band in bands:
+        for k, band in enumerate(bands):
             if runs and self._columns(runs[-1] + band):
                 above = self._columns(runs[-1])
-                if (above and self._columns(band)) or self._near(runs[-1], band) or _floats(above):
+                if (above and self._columns(band)) or self._near(runs[-1], band) or _floats(above) or (
+                        above and self._resumed(runs[-1], band, bands[k + 1:])):
                     runs[-1] = runs[-1] + band
                     continue
             runs.append(band)
         return runs
+
+    def _resumed(self, run: list[_Region], band: list[_Region], below: list[list[_Region]]) -> bool:
+        """Whether ``band`` (no columns of its own), less than ``_RESUME_GAP`` paragraph gaps below a ``run`` of
+        columns, is followed by columns that go on the run's, with only bands like it in between: a section
+        heading in one column between two paragraphs of it, set off by more than a paragraph's gap (and the next
+        column's heading a little lower)."""
+        if min(p.box[1] for p in band) - max(p.box[3] for p in run) >= _RESUME_GAP * self.paragraph_gap:
+            return False
+        joined = run + band
+        for nxt in below:
+            joined = joined + nxt
+            if not self._columns(joined):
+                return False
+            if self._columns(nxt):
+                return True
+        return False
 
     def _near(self, run: list[_Region], band: list[_Region]) -> bool:
         return min(p.box[1] for p in band) - max(p.box[3] for p in run) < self.paragraph_gap
@@ -378,6 +459,11 @@ def _read(lines: Sequence[Line], parts: list[_Region], page_size: tuple[int, int
         blocks += [Block(kind=part.kind, quad=b.quad) for b in sub]
         ordered += [ln.model_copy(update={"block": base + (ln.block or 0)}) for ln in inner]
     return ordered, blocks
+
+
+def _apart(a: list[_Region], b: list[_Region]) -> float:
+    """The blank between two sets of regions side by side, either way round."""
+    return max(min(p.box[0] for p in b) - max(p.box[2] for p in a), min(p.box[0] for p in a) - max(p.box[2] for p in b))
 
 
 def _width(parts: list[_Region]) -> float:

@@ -1,0 +1,75 @@
+"""Columns over layout regions where a paper's page breaks them up (paperlane.regions): a section heading in one
+column, a figure the model found only its labels in, lines in no region at the foot of one column and the top of
+the next, a formula standing out into the gutter. Each was seen on DocBank's develop-half papers read at 72 and
+200 dpi (``benchmarks/docbank_papers.py``); the pages here are made to the same plan."""
+
+from __future__ import annotations
+
+from paperlane.regions import Found
+from paperlane.schemas import Line
+from tests.test_regions import _box, _column, _names, _quad, _read
+
+
+def test_a_heading_in_one_column_set_off_by_a_blank_is_read_in_that_column() -> None:
+    # Both columns end a paragraph at the same height; each has a heading below it, the left one a little
+    # higher, each alone in its band and further below than a paragraph's gap.
+    a, b = _column("A", 100, 100, 480, 5), _column("B", 620, 100, 480, 5)
+    left_head = [Line(text="Hleft", quad=_quad(100, 280, 300))]
+    right_head = [Line(text="Hright", quad=_quad(620, 305, 300))]
+    c, d = _column("C", 100, 345, 480, 6), _column("D", 620, 350, 480, 6)
+    regions = [Found("text", _box(g, pad=2)) for g in (a, b, c, d)] + [
+        Found("title", _box(left_head, pad=2)), Found("title", _box(right_head, pad=2))]
+
+    read, _ = _read([*a, *b, *left_head, *right_head, *c, *d], regions)
+
+    assert read == _names(a, left_head, c, b, right_head, d)
+
+
+def test_a_heading_far_below_a_title_page_s_authors_starts_the_columns_under_it() -> None:
+    # Two authors side by side, then (well below them) the abstract's heading over the left column.
+    authors = [_column("Au", 150, 100, 400, 3), _column("Bu", 650, 100, 400, 3)]
+    head = [Line(text="Abstract", quad=_quad(250, 330, 150))]
+    c, d = _column("C", 100, 380, 480, 8), _column("D", 620, 375, 480, 8)
+    regions = [Found("text", _box(g, pad=2)) for g in (*authors, c, d)] + [Found("title", _box(head, pad=2))]
+
+    read, _ = _read([*authors[0], *authors[1], *head, *c, *d], regions)
+
+    assert read == _names(*authors, head, c, d)
+
+
+def test_a_figure_the_model_found_only_a_label_in_holds_its_whole_box_in_its_column() -> None:
+    label = [Line(text="Label", quad=_quad(300, 200, 60))]
+    caption = [Line(text="Cap", quad=_quad(100, 420, 480))]
+    left = _column("L", 100, 470, 480, 10)
+    r1, r2 = _column("R", 620, 60, 480, 8), _column("S", 620, 330, 480, 14)  # a paragraph's gap beside the figure
+    regions = [Found("figure", (94, 60, 586, 400)), Found("figure_caption", _box(caption)),
+               Found("text", _box(left)), Found("text", _box(r1)), Found("text", _box(r2))]
+
+    read, _ = _read([*label, *caption, *left, *r1, *r2], regions)
+
+    assert read == _names(label, caption, left, r1, r2)
+
+
+def test_lines_in_no_region_at_the_foot_of_one_column_and_the_top_of_the_next_are_not_one_block() -> None:
+    # The model found no region for a heading at the foot of the left column, nor for a formula's last piece at
+    # the top of the right one: together they would be a block across the gutter, and the page read across.
+    a, heading, c = _column("A", 100, 100, 480, 10), _column("Head", 150, 420, 200, 1), _column("C", 100, 460, 480, 6)
+    b, piece, d = _column("B", 620, 100, 480, 8), _column("j", 900, 370, 20, 1), _column("D", 620, 430, 480, 8)
+    regions = [Found("text", _box(g, pad=2)) for g in (a, c, b, d)]
+
+    read, _ = _read([*a, *heading, *c, *b, *piece, *d], regions)
+
+    assert read == _names(a, heading, c, b, piece, d)
+
+
+def test_a_piece_of_a_formula_standing_out_into_the_gutter_does_not_split_the_columns() -> None:
+    title = [Line(text="Title", quad=_quad(100, 40, 1000, 30))]
+    a, c = _column("A", 100, 100, 480, 6), _column("C", 100, 330, 480, 6)
+    formula = [Line(text="x=", quad=_quad(250, 280, 200)), Line(text="=", quad=_quad(585, 280, 25))]
+    b, d = _column("B", 620, 100, 480, 4), _column("D", 620, 250, 480, 10)
+    regions = ([Found("title", _box(title, pad=2)), Found("equation", _box(formula[:1], pad=2))]
+               + [Found("text", _box(g, pad=2)) for g in (a, c, b, d)])
+
+    read, _ = _read([*title, *a, *formula, *c, *b, *d], regions)
+
+    assert read == _names(title, a, formula, c, b, d)
