@@ -2,9 +2,9 @@
 
 DocBank's samples (``benchmarks/docbank_pages.py``) carry one labelled page of each paper and the whole paper
 as ``<paper>_black.pdf``. The develop half's 14 labelled two-column pages had nothing left to teach at stop 38;
-their papers' other pages are many more pages of the same kind (42 papers, about 980 pages, a few hundred of
-them two-column), and of papers already on the develop side, so the pages only measured on stay as they were:
-a measure-half paper's PDF is never opened here.
+their papers' other pages are many more pages of the same kind (42 papers, about 980 pages, 144 of them
+two-column and in reading order, from 15 papers), and of papers already on the develop side, so the pages only
+measured on stay as they were: a measure-half paper's PDF is never opened here.
 
 These pages have no DocBank labels, so their truth is coarser than the labelled pages': every line the PDF
 holds, in its order (TeX's: column by column, a float where TeX put it, the running head first and the page
