@@ -21,14 +21,14 @@ Each page is rendered by pdfium at 200 dpi (DocBank's own images), or at 72 dpi 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pypdfium2 as pdfium
 import pypdfium2.raw as pdfium_c
-from PIL import Image
 
 from benchmarks import hrdoc_pages, public_pages
-from benchmarks.docbank_pages import MAX_SWITCHES, _blocks, _pdf_lines, _switches, _two_columns
+from benchmarks.docbank_pages import MAX_SWITCHES, _blocks, _inside, _pdf_lines, _switches, _two_columns
 from benchmarks.public_pages import Box, PublicPage
 
 _FIGURES = (pdfium_c.FPDF_PAGEOBJ_FORM, pdfium_c.FPDF_PAGEOBJ_IMAGE)
@@ -59,20 +59,20 @@ def load(root: Path, out: Path, *, dpi: int, per_paper: int | None = None) -> li
 def _page(page: pdfium.PdfPage, paper: str, number: int, out: Path, dpi: int) -> PublicPage | None:
     scale = hrdoc_pages.SCALE if dpi < 100 else 1
     pw, ph = page.get_size()
-    nominal = round(pw * dpi / 72) * scale
-    body = [box for box, _, label in _labelled(page, nominal, round(ph * dpi / 72) * scale) if label == "paragraph"]
-    if not _two_columns(body, nominal) or _switches(body, nominal) > MAX_SWITCHES:
+    # The size pdfium renders at (pypdfium2 rounds up), times the scale the image is read at.
+    width, height = math.ceil(pw * dpi / 72) * scale, math.ceil(ph * dpi / 72) * scale
+    labelled = _labelled(page, width, height)
+    body = [box for box, _, label in labelled if label == "paragraph"]
+    if not _two_columns(body, width) or _switches(body, width) > MAX_SWITCHES:
         return None
     name = f"{paper}_{number}" + ("-72dpi" if scale > 1 else "")
     image = out / f"{name}.png"
     if not image.exists():
         out.mkdir(parents=True, exist_ok=True)
         page.render(scale=dpi / 72).to_pil().convert("RGB").save(image)
-    with Image.open(image) as img:
-        width, height = img.size[0] * scale, img.size[1] * scale  # pdfium's rounding: the boxes again at its size
     group = "docbank-develop-papers" + ("-72dpi" if scale > 1 else "")
     return PublicPage(name, image, "english", "double_column", "docbank-papers", (width, height),
-                      tuple(_blocks(_labelled(page, width, height), width)), half="develop", group=group, scale=scale)
+                      tuple(_blocks(labelled, width)), half="develop", group=group, scale=scale)
 
 
 def _labelled(page: pdfium.PdfPage, width: int, height: int) -> list[tuple[Box, str, str | None]]:
@@ -94,7 +94,3 @@ def _figures(page: pdfium.PdfPage, sx: float, sy: float) -> list[Box]:
                 boxes.append((left * sx, (ph - top) * sy, right * sx, (ph - bottom) * sy))
     return boxes
 
-
-def _inside(box: Box, areas: list[Box]) -> bool:
-    x, y = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
-    return any(a[0] <= x <= a[2] and a[1] <= y <= a[3] for a in areas)
