@@ -149,6 +149,11 @@ def _usable(quad: Sequence[Point] | None) -> bool:
     return bool(quad) and len(quad or ()) == 4 and all(v == v and abs(v) < 1e7 for p in quad or () for v in p)
 
 
+def in_row(a: Box, b: Box) -> bool:
+    """Whether two lines share a row: they overlap vertically by more than half the smaller height."""
+    return min(a[3], b[3]) - max(a[1], b[1]) > 0.5 * min(a[3] - a[1], b[3] - b[1])
+
+
 def union_box(boxes: Sequence[Box]) -> Box:
     return min(b[0] for b in boxes), min(b[1] for b in boxes), max(b[2] for b in boxes), max(b[3] for b in boxes)
 
@@ -347,13 +352,10 @@ class _Cutter:
         than half the smaller height (the first only: a tall margin note must not swallow several rows)."""
         rows: list[list[int]] = []
         for i in sorted(idx, key=lambda i: self.boxes[i][1]):
-            top, bottom = self.boxes[i][1], self.boxes[i][3]
-            if rows:
-                head = self.boxes[rows[-1][0]]
-                if min(bottom, head[3]) - max(top, head[1]) > 0.5 * min(bottom - top, head[3] - head[1]):
-                    rows[-1].append(i)
-                    continue
-            rows.append([i])
+            if rows and in_row(self.boxes[i], self.boxes[rows[-1][0]]):
+                rows[-1].append(i)
+            else:
+                rows.append([i])
         sign = -1 if self.rtl else 1
         return [sorted(row, key=lambda i: sign * self.boxes[i][0 if sign > 0 else 2]) for row in rows]
 

@@ -52,8 +52,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from paperlane.gutters import cut_at
-from paperlane.layout import (Box, box_quad, column_pieces, columns_side_by_side, is_rtl, line_groups, one_table,
-                              order_lines, quad_box, union_box)
+from paperlane.layout import (Box, box_quad, column_pieces, columns_side_by_side, in_row, is_rtl, line_groups,
+                              one_table, order_lines, quad_box, union_box)
 from paperlane.precedence import precedence_order
 from paperlane.schemas import Block, BlockKind, Line
 from paperlane.settings import LayoutSettings
@@ -329,18 +329,12 @@ def _side_by_side(idx: list[int], boxes: list[Box]) -> list[list[int]]:
 
     for a, i in enumerate(idx):
         for j in idx[a + 1:]:
-            if _overlaps(boxes[i], boxes[j], 0) or _overlaps(boxes[i], boxes[j], 1):
+            if min(boxes[i][2], boxes[j][2]) > max(boxes[i][0], boxes[j][0]) or in_row(boxes[i], boxes[j]):
                 owner[root(i)] = root(j)
     sets: dict[int, list[int]] = {}
     for i in idx:
         sets.setdefault(root(i), []).append(i)
     return list(sets.values())
-
-
-def _overlaps(a: Box, b: Box, axis: int) -> bool:
-    """Whether ``a`` and ``b`` overlap along ``axis`` (0: horizontally; 1: in a row, by over half the shorter)."""
-    overlap = min(a[axis + 2], b[axis + 2]) - max(a[axis], b[axis])
-    return overlap > 0 if axis == 0 else overlap > 0.5 * min(a[3] - a[1], b[3] - b[1])
 
 
 @dataclass
@@ -412,7 +406,7 @@ class _Cut:
         columns, is followed by columns that go on the run's, with only bands like it in between: a section
         heading in one column between two paragraphs of it, set off by more than a paragraph's gap (and the next
         column's heading a little lower)."""
-        if min(p.box[1] for p in band) - max(p.box[3] for p in run) >= _RESUME_GAP * self.paragraph_gap:
+        if _gap(run, band) >= _RESUME_GAP * self.paragraph_gap:
             return False
         joined = run + band
         for nxt in below:
@@ -424,7 +418,7 @@ class _Cut:
         return False
 
     def _near(self, run: list[_Region], band: list[_Region]) -> bool:
-        return min(p.box[1] for p in band) - max(p.box[3] for p in run) < self.paragraph_gap
+        return _gap(run, band) < self.paragraph_gap
 
     def _split(self, parts: list[_Region], *, axis: int) -> list[list[_Region]]:
         """``parts`` cut at blank strips along ``axis`` (0: vertical strips, into columns; 1: into bands)."""
@@ -459,6 +453,11 @@ def _read(lines: Sequence[Line], parts: list[_Region], page_size: tuple[int, int
         blocks += [Block(kind=part.kind, quad=b.quad) for b in sub]
         ordered += [ln.model_copy(update={"block": base + (ln.block or 0)}) for ln in inner]
     return ordered, blocks
+
+
+def _gap(run: list[_Region], band: list[_Region]) -> float:
+    """The blank between the foot of ``run`` and the top of ``band`` below it."""
+    return min(p.box[1] for p in band) - max(p.box[3] for p in run)
 
 
 def _apart(a: list[_Region], b: list[_Region]) -> float:
