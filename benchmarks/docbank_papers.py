@@ -17,6 +17,11 @@ lines over 30% of the page wide in each half) and its PDF changes column at most
 Each page is rendered by pdfium at 200 dpi (DocBank's own images), or at 72 dpi and read at
 ``hrdoc_pages.SCALE`` times its size, as HRDoc's pages are (``-72dpi`` rows). For developing only: the rows are
 ``docbank-develop-papers`` and ``docbank-develop-papers-72dpi``.
+
+A folder of other papers' PDFs (``<paper>.pdf``, no DocBank files beside them) is read the same way, every paper
+developed on, in rows named after the folder (``papers-<folder>``). At stop 46 this was 19 papers in the ACL
+conference templates of 2019 to 2022 from public GitHub repositories (their sources in the closing note), the
+template of HRDoc's ACL Anthology pages: more pages of the kind the measure half's failing row is made of.
 """
 
 from __future__ import annotations
@@ -37,18 +42,21 @@ _FIGURES = (pdfium_c.FPDF_PAGEOBJ_FORM, pdfium_c.FPDF_PAGEOBJ_IMAGE)
 def load(root: Path, out: Path, *, dpi: int, per_paper: int | None = None) -> list[PublicPage]:
     """The two-column pages of the develop half's papers in ``root`` (their sampled pages left out: they are
     scored with their labels), rendered into ``out`` at ``dpi`` (72: read at ``hrdoc_pages.SCALE`` times);
-    at most ``per_paper`` of each paper's, evenly spread."""
+    at most ``per_paper`` of each paper's, evenly spread. A folder without DocBank's ``<paper>_black.pdf``
+    is of papers from elsewhere (``<paper>.pdf``), every one developed on, in rows named after the folder."""
+    docbank = any(root.glob("*_black.pdf"))
+    group = "docbank-develop-papers" if docbank else f"papers-{root.name}"
     pages = []
-    for pdf in sorted(root.glob("*_black.pdf")):
-        paper = pdf.name.removesuffix("_black.pdf")
-        if public_pages.half(paper) != "develop":
+    for pdf in sorted(root.glob("*_black.pdf" if docbank else "*.pdf")):
+        paper = pdf.name.removesuffix("_black.pdf") if docbank else pdf.stem
+        if docbank and public_pages.half(paper) != "develop":
             continue
         sampled = {int(t.stem.rsplit("_", 1)[1]) for t in root.glob(f"{paper}_*.txt")
                    if t.stem.rsplit("_", 1)[1].isdigit()}
         doc = pdfium.PdfDocument(pdf)
         try:
             found = [page for number in range(len(doc)) if number not in sampled
-                     for page in [_page(doc[number], paper, number, out, dpi)] if page is not None]
+                     for page in [_page(doc[number], paper, number, out, dpi, group)] if page is not None]
         finally:
             doc.close()
         step = max(1, len(found) // per_paper) if per_paper else 1
@@ -56,7 +64,7 @@ def load(root: Path, out: Path, *, dpi: int, per_paper: int | None = None) -> li
     return pages
 
 
-def _page(page: pdfium.PdfPage, paper: str, number: int, out: Path, dpi: int) -> PublicPage | None:
+def _page(page: pdfium.PdfPage, paper: str, number: int, out: Path, dpi: int, group: str) -> PublicPage | None:
     scale = hrdoc_pages.SCALE if dpi < 100 else 1
     pw, ph = page.get_size()
     # The size pdfium renders at (pypdfium2 rounds up), times the scale the image is read at.
@@ -70,9 +78,9 @@ def _page(page: pdfium.PdfPage, paper: str, number: int, out: Path, dpi: int) ->
     if not image.exists():
         out.mkdir(parents=True, exist_ok=True)
         page.render(scale=dpi / 72).to_pil().convert("RGB").save(image)
-    group = "docbank-develop-papers" + ("-72dpi" if scale > 1 else "")
     return PublicPage(name, image, "english", "double_column", "docbank-papers", (width, height),
-                      tuple(_blocks(labelled, width)), half="develop", group=group, scale=scale)
+                      tuple(_blocks(labelled, width)), half="develop", group=group + ("-72dpi" if scale > 1 else ""),
+                      scale=scale)
 
 
 def _labelled(page: pdfium.PdfPage, width: int, height: int) -> list[tuple[Box, str, str | None]]:

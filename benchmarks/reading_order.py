@@ -61,9 +61,10 @@ def _parser() -> argparse.ArgumentParser:
                         "or HRDS/ and HRDH/ holding them): score those pages instead; may be given again")
     p.add_argument("--cache", type=Path, default=None, help="keep the engine's lines of the public pages here")
     p.add_argument("--pages", action="store_true", help="print each public page's figures")
-    p.add_argument("--papers", type=Path, default=None,
+    p.add_argument("--papers", type=Path, action="append", default=None,
                    help="DocBank's sample folder: also score every two-column page of its develop-half papers' "
-                        "PDFs, unlabelled (benchmarks/docbank_papers.py); develop half only")
+                        "PDFs, unlabelled (benchmarks/docbank_papers.py); or a folder of other papers' PDFs "
+                        "(<paper>.pdf, all developed on, rows papers-<folder>); develop half only; may be given again")
     p.add_argument("--papers-dpi", type=int, action="append", default=None,
                    help="render --papers pages at this dpi (72: read at 3x, as HRDoc's); may be given again; "
                         "default 200 and 72")
@@ -149,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.public is not None or args.papers is not None:
         from benchmarks.reading_order_public import run
-        run(args.public or [], cache=args.cache, per_page=args.pages, halves=_halves(args.half), papers=args.papers,
-            papers_dpi=args.papers_dpi or (200, 72), per_paper=args.per_paper)
+        run(args.public or [], cache=args.cache, per_page=args.pages, halves=_halves(args.half),
+            papers=args.papers or (), papers_dpi=args.papers_dpi or (200, 72), per_paper=args.per_paper)
         return 0
     engine = RapidEngine()
     engine.start()

@@ -124,16 +124,16 @@ def load(root: Path) -> list[PublicPage]:
 
 
 def run(roots: Sequence[Path], *, cache: Path | None, per_page: bool,
-        halves: tuple[str, ...] = ("develop", "measure"), papers: Path | None = None,
+        halves: tuple[str, ...] = ("develop", "measure"), papers: Sequence[Path] = (),
         papers_dpi: Sequence[int] = (), per_paper: int | None = None) -> None:
     """Print each group's figures (OmniDocBench's halves, HRDoc's layouts) under both orders."""
     engine = RapidEngine(layout_model="auto")
     engine.start()
     found = [page for root in roots for page in load(root) if page.half in halves]
-    if papers is not None and "develop" in halves:  # the develop papers' other pages (docbank_papers)
+    if "develop" in halves:  # the develop papers' other pages, or papers from elsewhere (docbank_papers)
         rendered = (cache or Path(tempfile.mkdtemp())) / "docbank-papers"
-        found += [page for dpi in papers_dpi for page in docbank_papers.load(papers, rendered, dpi=dpi,
-                                                                                per_paper=per_paper)]
+        found += [page for folder in papers for dpi in papers_dpi
+                  for page in docbank_papers.load(folder, rendered, dpi=dpi, per_paper=per_paper)]
     pages = [(page, *read_page(page, engine, cache)) for page in found]
     groups = [*halves, *sorted({page.group for page in found} - set(halves))]
     for name, order, split in (("geometry", geometry_order, False), ("regions", region_order, True)):

@@ -1,4 +1,5 @@
-"""benchmarks/docbank_papers.py: the other pages of DocBank's develop-half papers, read from their PDFs.
+"""benchmarks/docbank_papers.py: the other pages of DocBank's develop-half papers (or papers from elsewhere), read
+from their PDFs.
 
 The papers are PDFs written here (text in Helvetica where a two-column page would have it); DocBank's own files
 are never committed.
@@ -112,3 +113,17 @@ def test_the_words_drawn_in_a_figure_are_left_out(tmp_path: Path) -> None:
     assert "axis label" not in page.text and "p0 right line 7" in page.text
     [label] = [b for b in page.blocks if b.text == "axis label"]
     assert (label.kind, label.order) == ("figure", None)  # a line read there is left out of the text scored
+
+
+def test_a_folder_of_other_papers_is_all_developed_on_in_rows_named_after_it(tmp_path: Path) -> None:
+    root = tmp_path / "acl"
+    root.mkdir()
+    # "paper" hashes to the measure half: the split is DocBank's, and papers from elsewhere are all developed on.
+    (root / "paper.pdf").write_bytes(_pdf([_two_columns("q0"), _one_column()]))
+    (root / "apaper.pdf").write_bytes(_pdf([_two_columns("r0")]))
+
+    pages = docbank_papers.load(root, tmp_path / "out", dpi=72)
+
+    assert [(p.name, p.half, p.group) for p in pages] == [("apaper_0-72dpi", "develop", "papers-acl-72dpi"),
+                                                          ("paper_0-72dpi", "develop", "papers-acl-72dpi")]
+    assert pages[1].truth[1].text.startswith("q0 left line 0")
