@@ -14,10 +14,13 @@ cuts below. Then:
 1. Running heads (``header``) are read first and running feet and page numbers (``footer``) last, each kept
    with its kind; ``layout.margins = "omit"`` leaves them out of ``text`` (they stay in the lines and blocks).
    A head with text wholly above it, or a foot with text wholly below it, is no margin: a paragraph in place.
-2. The other regions are cut recursively, XY-cut style: into bands where a blank horizontal strip crosses the
-   set, read top to bottom, consecutive bands joined again while each splits into columns and together they
-   still do (columns run on through gaps that happen to line up), or while one without columns (a section
-   heading in one column) lies between columns that go on under it; a set that is one such run is cut where a
+2. The other regions are cut recursively, XY-cut style (``paperlane.xycut``): into bands where a blank
+   horizontal strip crosses the set, read top to bottom, consecutive bands joined again while each splits into
+   columns and together they still do (columns run on through gaps that happen to line up), or while one
+   without columns (a section heading in one column) lies between columns that go on under it, or stands
+   within one column going on under its neighbour's end (a last page's conclusion under the references); a
+   row of centred blocks (a title page's authors, one over each column) starts no run and is read across
+   before the columns under it; a set that is one such run is cut where a
    blank vertical strip runs through every region of it into columns, read left to right (right to left on
    a right-to-left page), a strip narrower than a column (a formula's number, or a piece of one standing out
    into the gutter) going with the nearer column. So a title or a figure across the columns ends the columns
@@ -32,6 +35,7 @@ cuts below. Then:
    (``paperlane.layout.column_pieces``), so that each column is read in its place on the page; and any region
    is cut where the gutter between two regions side by side just above or below it runs on blank through its
    lines (``_at_page_gutters``: a picture the model drew over both columns, a table with a sidebar beside it).
+   The pieces of a text region so cut are cut again at its paragraphs' gaps (``_stacked``).
 3. Captions stay where they stand (next to what they caption, which the cuts keep together); a table's lines
    are read in rows within its region, which is read in its place.
 4. Within a region, the lines are ordered by ``paperlane.layout`` (a region the model drew across two columns
@@ -54,9 +58,9 @@ from dataclasses import dataclass
 from paperlane.gutters import cut_at
 from paperlane.layout import (Box, box_quad, column_pieces, columns_side_by_side, in_row, is_rtl, line_groups,
                               one_table, order_lines, quad_box, union_box)
-from paperlane.precedence import precedence_order
 from paperlane.schemas import Block, BlockKind, Line
 from paperlane.settings import LayoutSettings
+from paperlane.xycut import PICTURE_KINDS, Cut, Part, centred
 
 KINDS = {"text": BlockKind.PARAGRAPH, "reference": BlockKind.PARAGRAPH, "title": BlockKind.HEADING,
          "figure_caption": BlockKind.CAPTION, "table_caption": BlockKind.CAPTION, "table": BlockKind.TABLE,
@@ -69,8 +73,6 @@ _PICTURES = frozenset({"figure", "table", "equation"})
 _GUTTER_REACH = 3  # line heights: a gutter between regions this far above or below a region runs on through it
 _GUTTER_WIDTH = 4  # line heights: the widest such gutter (two regions further apart have room for more between)
 _COLUMN_HEIGHT = 3  # line heights: the least a region's piece beside such a gutter runs down (a formula's are less)
-_PICTURE_KINDS = frozenset({KINDS[kind] for kind in _PICTURES})
-_RESUME_GAP = 3  # paragraph gaps: a heading further below a run of columns (a title page's authors) starts a run
 
 
 @dataclass(frozen=True)
@@ -79,13 +81,6 @@ class Found:
 
     kind: str
     box: Box
-
-
-@dataclass
-class _Region:
-    kind: BlockKind
-    box: Box
-    lines: list[int]
 
 
 def order_regions(lines: Sequence[Line], regions: Sequence[Found], *, page_size: tuple[int, int],
@@ -111,7 +106,7 @@ def order_regions(lines: Sequence[Line], regions: Sequence[Found], *, page_size:
             placed = [None if p == n else p for p in placed]
     boxes = [_clipped(b, regions[n].box, settings.region_slack * unit) if n is not None else b
              for b, n in zip(boxes, placed)]
-    parts = [_Region(KINDS.get(r.kind, BlockKind.PARAGRAPH), r.box, [i for i, p in enumerate(placed) if p == n])
+    parts = [Part(KINDS.get(r.kind, BlockKind.PARAGRAPH), r.box, [i for i, p in enumerate(placed) if p == n])
              for n, r in enumerate(regions)]
     parts = [p for p in parts if p.lines] + _orphans(lines, boxes, placed, freed, page_size, settings)
     owner = {i: n for n, p in enumerate(parts) for i in p.lines}
@@ -129,14 +124,16 @@ def order_regions(lines: Sequence[Line], regions: Sequence[Found], *, page_size:
     # A figure, table or formula the model found no line in still takes its place on the page: left out of the
     # cuts, captions on either side of it would be read as if nothing stood between them (a column of two captions
     # beside a column of text).
-    body += [_Region(KINDS[r.kind], r.box, []) for n, r in enumerate(regions)
+    body += [Part(KINDS[r.kind], r.box, []) for n, r in enumerate(regions)
              if n not in held and r.kind in _PICTURES]
-    cut = _Cut(settings.region_slack * unit, settings.min_column_width * unit, settings.paragraph_gap * unit, rtl)
+    for p in body:
+        p.centred = centred([boxes[i] for i in p.lines], unit)
+    cut = Cut(settings.region_slack * unit, settings.min_column_width * unit, settings.paragraph_gap * unit, rtl)
     ordered = first + [p for p in cut.order(body) if p.lines] + last
     return _read(lines, ordered, page_size, settings)
 
 
-def _unmixed(part: _Region, number: int, boxes: list[Box], owner: dict[int, int]) -> list[_Region]:
+def _unmixed(part: Part, number: int, boxes: list[Box], owner: dict[int, int]) -> list[Part]:
     """A region cut, top to bottom, wherever a line of another region lies inside the box of its lines (the
     model's boxes are loose and overlap: a region holding another's lines would be read around them); each
     piece's box is that of its lines. A figure, table or formula not cut keeps its own box too: a chart's few
@@ -152,12 +149,12 @@ def _unmixed(part: _Region, number: int, boxes: list[Box], owner: dict[int, int]
                               _centre(boxes[pieces[-1][-1]])[1] < y < _centre(boxes[i])[1] for y in foreign):
             pieces.append([])
         pieces[-1].append(i)
-    if len(pieces) == 1 and part.kind in _PICTURE_KINDS:  # a picture takes its place whole, not its labels'
-        return [_Region(part.kind, union_box([part.box, box]), mine)]
-    return [_Region(part.kind, union_box([boxes[i] for i in piece]), piece) for piece in pieces]
+    if len(pieces) == 1 and part.kind in PICTURE_KINDS:  # a picture takes its place whole, not its labels'
+        return [Part(part.kind, union_box([part.box, box]), mine)]
+    return [Part(part.kind, union_box([boxes[i] for i in piece]), piece) for piece in pieces]
 
 
-def _inner_margins(parts: list[_Region]) -> None:
+def _inner_margins(parts: list[Part]) -> None:
     """A running head with text wholly above it, or a running foot with text wholly below it, is no page
     margin (the model took a kicker, a section line or a caption for one): it becomes a paragraph, read in
     its place instead of first or last."""
@@ -168,34 +165,55 @@ def _inner_margins(parts: list[_Region]) -> None:
             p.kind = BlockKind.PARAGRAPH
 
 
-def _columns_of(part: _Region, boxes: list[Box], unit: float, settings: LayoutSettings) -> list[_Region]:
+def _columns_of(part: Part, boxes: list[Box], unit: float, settings: LayoutSettings) -> list[Part]:
     """A region the model drew across columns (its lines have a gutter between columns of running text), cut
-    into those columns (and the runs above and below them), so that each is read in its place on the page;
-    a table stays whole."""
+    into those columns (and the runs above and below them), so that each is read in its place on the page,
+    and each piece at its paragraphs' gaps (``_stacked``); a table stays whole."""
     if part.kind is BlockKind.TABLE or len(part.lines) < 2 * settings.min_column_lines:
         return [part]
     pieces = column_pieces([boxes[i] for i in part.lines], unit=unit, settings=settings)
     if len(pieces) < 2:
         return [part]
-    return [_Region(part.kind, union_box([boxes[part.lines[k]] for k in piece]), [part.lines[k] for k in piece])
+    cuts = [Part(part.kind, union_box([boxes[part.lines[k]] for k in piece]), [part.lines[k] for k in piece])
             for piece in pieces]
+    return [piece for cut in cuts for piece in _stacked(cut, boxes, settings.paragraph_gap * unit)]
 
 
-def _at_page_gutters(parts: list[_Region], boxes: list[Box], unit: float, settings: LayoutSettings) -> list[_Region]:
+def _stacked(part: Part, boxes: list[Box], gap: float) -> list[Part]:
+    """A region of text cut, top to bottom, at every blank across it at least ``gap`` (a paragraph's) tall: the
+    model drew a region over a title page's authors and the abstract's heading under the first of them, and its
+    piece in the left column stood in the way of the blank under the authors. Its pieces are read as its
+    paragraphs would be anyway (``_read``)."""
+    if part.kind not in _TEXT:
+        return [part]
+    pieces: list[list[int]] = []
+    bottom = -float("inf")
+    for i in sorted(part.lines, key=lambda i: boxes[i][1]):
+        if not pieces or boxes[i][1] - bottom >= gap:
+            pieces.append([])
+        pieces[-1].append(i)
+        bottom = max(bottom, boxes[i][3])
+    if len(pieces) == 1:
+        return [part]
+    return [Part(part.kind, union_box([boxes[i] for i in piece]), piece) for piece in pieces]
+
+
+def _at_page_gutters(parts: list[Part], boxes: list[Box], unit: float, settings: LayoutSettings) -> list[Part]:
     """Each region cut where a gutter of the page runs on through its lines: a blank vertical strip between its
     lines (lines on both sides) that continues the gap, at most ``_GUTTER_WIDTH`` line heights wide, between
     two other regions side by side just above or below it. The model draws a figure or a table across the
     page's columns now and then (a workbook's exercises as one picture over both columns, a report's table with
     the sidebar's foot beside it): read whole, its lines went across the gutter, or the sidebar's foot after the
     main column. Each piece runs at least ``_COLUMN_HEIGHT`` line heights down (the pieces of a line around an
-    inline formula do not), and two strips that pair up row by row are one table's columns and stay whole."""
-    reach = _GUTTER_REACH * unit
+    inline formula do not), and two strips that pair up row by row are one table's columns and stay whole.
+    A region so cut is cut again at its paragraphs' gaps (``_stacked``)."""
+    reach, gap = _GUTTER_REACH * unit, settings.paragraph_gap * unit
     strips = [(a.box[2], b.box[0], max(a.box[1], b.box[1]), min(a.box[3], b.box[3]), m, n)
               for m, a in enumerate(parts) for n, b in enumerate(parts)
               if 0 < b.box[0] - a.box[2] <= _GUTTER_WIDTH * unit
               and min(a.box[3], b.box[3]) > max(a.box[1], b.box[1])]
 
-    def cut(part: _Region, number: int) -> list[_Region]:
+    def cut(part: Part, number: int) -> list[Part]:
         if len(part.lines) < 2 * settings.min_column_lines:
             return [part]
         top, bottom = part.box[1] - reach, part.box[3] + reach
@@ -207,10 +225,11 @@ def _at_page_gutters(parts: list[_Region], boxes: list[Box], unit: float, settin
             right = [i for i in part.lines if boxes[i][2] > g0]
             if min(len(left), len(right)) < settings.min_column_lines:
                 continue
-            pieces = [_Region(part.kind, union_box([boxes[i] for i in side]), side) for side in (left, right)]
+            pieces = [Part(part.kind, union_box([boxes[i] for i in side]), side) for side in (left, right)]
             if all(p.box[3] - p.box[1] >= _COLUMN_HEIGHT * unit for p in pieces) and not one_table(
                     boxes, left, right, unit=unit, settings=settings):
-                return [smaller for piece in pieces for smaller in cut(piece, number)]
+                return [smaller for piece in pieces for stacked in _stacked(piece, boxes, gap)
+                        for smaller in cut(stacked, number)]
         return [part]
 
     return [piece for n, p in enumerate(parts) for piece in cut(p, n)]
@@ -290,7 +309,7 @@ def _assign(boxes: list[Box], regions: Sequence[Found]) -> list[int | None]:
 
 
 def _orphans(lines: Sequence[Line], boxes: list[Box], placed: list[int | None], freed: list[int],
-             page_size: tuple[int, int], settings: LayoutSettings) -> list[_Region]:
+             page_size: tuple[int, int], settings: LayoutSettings) -> list[Part]:
     """The lines in no region, grouped into blocks as ``paperlane.layout`` groups them, each block a region; the
     lines taken from a figure (``freed``: its number, else -1) are grouped among themselves, so that the labels
     of two charts side by side do not make one block across the columns. Two of them share a block only where
@@ -310,7 +329,7 @@ def _orphans(lines: Sequence[Line], boxes: list[Box], placed: list[int | None], 
             apart: dict[int | None, list[int]] = {}
             for k in group:
                 apart.setdefault(paragraph.get(idx[k]), []).append(idx[k])
-            out += [_Region(kind, union_box([boxes[i] for i in part]), part)
+            out += [Part(kind, union_box([boxes[i] for i in part]), part)
                     for piece in apart.values() for part in _side_by_side(piece, boxes)]
     return out
 
@@ -337,110 +356,7 @@ def _side_by_side(idx: list[int], boxes: list[Box]) -> list[list[int]]:
     return list(sets.values())
 
 
-@dataclass
-class _Cut:
-    slack: float
-    min_width: float  # a column is at least this wide
-    paragraph_gap: float  # a blank at least this tall starts a new paragraph
-    rtl: bool
-
-    def order(self, parts: list[_Region]) -> list[_Region]:
-        if len(parts) <= 1:
-            return parts
-        runs = self._runs(self._split(parts, axis=1))
-        if len(runs) > 1:
-            return [p for run in runs for p in self.order(run)]
-        columns = self._columns(parts)
-        if columns:
-            return [p for col in columns for p in self.order(col)]
-        return [parts[i] for i in precedence_order([p.box for p in parts], slack=self.slack, rtl=self.rtl)]
-
-    def _columns(self, parts: list[_Region]) -> list[list[_Region]] | None:
-        """``parts`` cut at blank vertical strips into columns each at least ``min_width`` wide, in reading
-        order; None when there is no such cut."""
-        columns = self._absorbed(self._split(parts, axis=0))
-        if len(columns) < 2 or any(_width(col) < self.min_width for col in columns):
-            return None
-        return columns[::-1] if self.rtl else columns
-
-    def _absorbed(self, columns: list[list[_Region]]) -> list[list[_Region]]:
-        """``columns`` (left to right) with each strip narrower than a column joined to the nearer of the columns
-        beside it, when there are at least two: a piece of a formula, or what the recogniser read of one,
-        standing out into the gutter, or a formula's number beside it, is of its column and no third column."""
-        wide = [k for k, col in enumerate(columns) if _width(col) >= self.min_width]
-        if len(wide) < 2 or len(wide) == len(columns):
-            return columns
-        joined = {k: list(columns[k]) for k in wide}
-        for k, col in enumerate(columns):
-            if k not in joined:
-                beside = [w for w in (max((w for w in wide if w < k), default=None),
-                                      min((w for w in wide if w > k), default=None)) if w is not None]
-                joined[min(beside, key=lambda w: _apart(columns[w], col))] += col
-        return [joined[k] for k in wide]
-
-    def _runs(self, bands: list[list[_Region]]) -> list[list[_Region]]:
-        """Consecutive bands joined while together they still split into columns: the columns below a title
-        across them run on through every gap where they happen to end a paragraph at the same height. A band
-        that does not split into columns itself joins only when it is less than a paragraph gap below the run
-        (a column going on alone) or below a run of floats (tables, figures and their captions, one over each
-        column: a heading at the top of one column under them, further down than a paragraph gap, left the
-        floats read as a row before both columns); one further down a run of text (a footnote, a closing
-        paragraph under the columns, the abstract under a title page's authors) or two bands of one region each,
-        side by side only by chance, stay apart, unless columns that go on the run's follow it within
-        ``_RESUME_GAP`` paragraph gaps (``_resumed``: a section heading in one column). The price, as in
-        ``paperlane.layout``: a column that runs on alone below its neighbour's end after a paragraph gap is
-        read after its neighbour."""
-        runs: list[list[_Region]] = []
-        for k, band in enumerate(bands):
-            if runs and self._columns(runs[-1] + band):
-                above = self._columns(runs[-1])
-                if (above and self._columns(band)) or self._near(runs[-1], band) or _floats(above) or (
-                        above and self._resumed(runs[-1], band, bands[k + 1:])):
-                    runs[-1] = runs[-1] + band
-                    continue
-            runs.append(band)
-        return runs
-
-    def _resumed(self, run: list[_Region], band: list[_Region], below: list[list[_Region]]) -> bool:
-        """Whether ``band`` (no columns of its own), less than ``_RESUME_GAP`` paragraph gaps below a ``run`` of
-        columns, is followed by columns that go on the run's, with only bands like it in between: a section
-        heading in one column between two paragraphs of it, set off by more than a paragraph's gap (and the next
-        column's heading a little lower)."""
-        if _gap(run, band) >= _RESUME_GAP * self.paragraph_gap:
-            return False
-        joined = run + band
-        for nxt in below:
-            joined = joined + nxt
-            if not self._columns(joined):
-                return False
-            if self._columns(nxt):
-                return True
-        return False
-
-    def _near(self, run: list[_Region], band: list[_Region]) -> bool:
-        return _gap(run, band) < self.paragraph_gap
-
-    def _split(self, parts: list[_Region], *, axis: int) -> list[list[_Region]]:
-        """``parts`` cut at blank strips along ``axis`` (0: vertical strips, into columns; 1: into bands)."""
-        spans = sorted((p.box[axis] + self.slack, max(p.box[axis] + self.slack, p.box[axis + 2] - self.slack), n)
-                       for n, p in enumerate(parts))
-        groups: list[list[_Region]] = []
-        end = -float("inf")
-        for start, stop, n in spans:
-            if not groups or start > end:
-                groups.append([])
-            groups[-1].append(parts[n])
-            end = max(end, stop)
-        return groups
-
-
-def _floats(columns: list[list[_Region]] | None) -> bool:
-    """Whether a run's ``columns`` are floats over columns: each holds a table, a figure or a formula (with what
-    else stands there: its caption, which the model may also call text)."""
-    return columns is not None and all(any(p.kind in _PICTURE_KINDS for p in col) for col in columns)
-
-
-def _read(lines: Sequence[Line], parts: list[_Region], page_size: tuple[int, int],
+def _read(lines: Sequence[Line], parts: list[Part], page_size: tuple[int, int],
           settings: LayoutSettings) -> tuple[list[Line], list[Block]]:
     ordered: list[Line] = []
     blocks: list[Block] = []
@@ -453,20 +369,6 @@ def _read(lines: Sequence[Line], parts: list[_Region], page_size: tuple[int, int
         blocks += [Block(kind=part.kind, quad=b.quad) for b in sub]
         ordered += [ln.model_copy(update={"block": base + (ln.block or 0)}) for ln in inner]
     return ordered, blocks
-
-
-def _gap(run: list[_Region], band: list[_Region]) -> float:
-    """The blank between the foot of ``run`` and the top of ``band`` below it."""
-    return min(p.box[1] for p in band) - max(p.box[3] for p in run)
-
-
-def _apart(a: list[_Region], b: list[_Region]) -> float:
-    """The blank between two sets of regions side by side, either way round."""
-    return max(min(p.box[0] for p in b) - max(p.box[2] for p in a), min(p.box[0] for p in a) - max(p.box[2] for p in b))
-
-
-def _width(parts: list[_Region]) -> float:
-    return max(p.box[2] for p in parts) - min(p.box[0] for p in parts)
 
 
 def _overlap(a: Box, b: Box) -> float:

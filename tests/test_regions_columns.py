@@ -1,7 +1,9 @@
 """Columns over layout regions where a paper's page breaks them up (paperlane.regions): a section heading in one
 column, a figure the model found only its labels in, lines in no region at the foot of one column and the top of
 the next, a formula standing out into the gutter. Each was seen on DocBank's develop-half papers read at 72 and
-200 dpi (``benchmarks/docbank_papers.py``); the pages here are made to the same plan."""
+200 dpi (``benchmarks/docbank_papers.py``); the pages here are made to the same plan. So were a title page's
+authors over the columns and a column going on under its neighbour's end, seen on papers in the ACL templates
+(``reading_order.py --papers <folder of PDFs>``)."""
 
 from __future__ import annotations
 
@@ -73,3 +75,65 @@ def test_a_piece_of_a_formula_standing_out_into_the_gutter_does_not_split_the_co
     read, _ = _read([*title, *a, *formula, *c, *b, *d], regions)
 
     assert read == _names(title, a, formula, c, b, d)
+
+
+def _centred(name: str, centre: float, y: float, widths: tuple[float, ...]) -> list[Line]:
+    """Lines of ``widths`` one under another, each centred on ``centre``: an author's name, affiliation, address."""
+    return [Line(text=f"{name}{k}", quad=_quad(centre - w / 2, y + 24 * k, w)) for k, w in enumerate(widths)]
+
+
+def _title_page() -> tuple[list[Line], list[list[Line]], list[Line], list[Line], list[Line]]:
+    """A title, two authors centred one over each column, the abstract's heading over the left column (a little
+    more than a paragraph's gap under them, level with the right column's top), the two columns."""
+    title = [Line(text="Title", quad=_quad(200, 40, 800, 30))]
+    authors = [_centred("Au", 340, 100, (160, 320, 240)), _centred("Bu", 860, 100, (200, 300, 260))]
+    head = [Line(text="Abstract", quad=_quad(290, 220, 100))]
+    left, right = _column("L", 100, 260, 480, 12), _column("R", 620, 220, 480, 14)
+    return title, authors, head, left, right
+
+
+def test_authors_side_by_side_over_the_columns_are_read_across_before_them() -> None:
+    # ACL's templates set two authors as two centred blocks, one over each column: they are no columns' tops.
+    title, authors, head, left, right = _title_page()
+    regions = [Found("title", _box(title, pad=2)), Found("title", _box(head, pad=2))] + [
+        Found("text", _box(g, pad=2)) for g in (*authors, left, right)]
+
+    read, _ = _read([*title, *authors[0], *authors[1], *head, *left, *right], regions)
+
+    assert read == _names(title, *authors, head, left, right)
+
+
+def test_a_region_drawn_over_the_authors_and_the_abstract_s_heading_is_cut_under_the_authors() -> None:
+    # The model drew one region over both authors and the heading under the first: cut at the page's gutter,
+    # its left piece (first author and heading) stood in the way of the blank under the authors.
+    title, authors, head, left, right = _title_page()
+    regions = [Found("title", _box(title, pad=2)), Found("text", _box([*authors[0], *authors[1], *head], pad=2)),
+               Found("text", _box(left, pad=2)), Found("text", _box(right, pad=2))]
+
+    read, _ = _read([*title, *authors[0], *authors[1], *head, *left, *right], regions)
+
+    assert read == _names(title, *authors, head, left, right)
+
+
+def test_a_column_going_on_under_its_neighbour_s_end_is_read_before_that_neighbour() -> None:
+    # The last page: the right column ends with the references; the left one goes on under their end, a
+    # heading's gap further down, with the conclusion.
+    a, b = _column("A", 100, 100, 480, 20), _column("B", 620, 100, 480, 14)
+    head = [Line(text="Conclusion", quad=_quad(100, 740, 150))]
+    c = _column("C", 100, 790, 480, 6)
+    regions = [Found("text", _box(g, pad=2)) for g in (a, b, c)] + [Found("title", _box(head, pad=2))]
+
+    read, _ = _read([*a, *b, *head, *c], regions)
+
+    assert read == _names(a, head, c, b)
+
+
+def test_a_footnote_under_columns_that_end_together_is_read_after_them_all() -> None:
+    # Short, and under the left column only, as the conclusion above; but neither column ran on alone.
+    a, b = _column("A", 100, 100, 480, 20), _column("B", 620, 100, 480, 20)
+    note = [Line(text="Note", quad=_quad(100, 740, 300))]
+    regions = [Found("text", _box(g, pad=2)) for g in (a, b, note)]
+
+    read, _ = _read([*a, *b, *note], regions)
+
+    assert read == _names(a, b, note)
