@@ -35,7 +35,8 @@ cuts below. Then:
    (``paperlane.layout.column_pieces``), so that each column is read in its place on the page; and any region
    is cut where the gutter between two regions side by side just above or below it runs on blank through its
    lines (``_at_page_gutters``: a picture the model drew over both columns, a table with a sidebar beside it).
-   The pieces of a text region so cut are cut again at its paragraphs' gaps (``_stacked``).
+   The pieces of a text region so cut are cut again at its paragraphs' gaps (``_stacked``), and a text region
+   that is centred blocks side by side (authors, each a name over an address) is cut into them.
 3. Captions stay where they stand (next to what they caption, which the cuts keep together); a table's lines
    are read in rows within its region, which is read in its place.
 4. Within a region, the lines are ordered by ``paperlane.layout`` (a region the model drew across two columns
@@ -113,6 +114,7 @@ def order_regions(lines: Sequence[Line], regions: Sequence[Found], *, page_size:
     parts = [piece for n, p in enumerate(parts) for piece in _unmixed(p, n, boxes, owner)]
     parts = [piece for p in parts for piece in _columns_of(p, boxes, unit, settings)]
     parts = _at_page_gutters(parts, boxes, unit, settings)
+    parts = [piece for p in parts for piece in _centred_blocks(p, boxes, unit)]
     _inner_margins(parts)
     for p in parts:
         if p.kind is BlockKind.FOOTER and all(lines[i].text.strip().isdigit() for i in p.lines):
@@ -177,6 +179,25 @@ def _columns_of(part: Part, boxes: list[Box], unit: float, settings: LayoutSetti
     cuts = [Part(part.kind, union_box([boxes[part.lines[k]] for k in piece]), [part.lines[k] for k in piece])
             for piece in pieces]
     return [piece for cut in cuts for piece in _stacked(cut, boxes, settings.paragraph_gap * unit)]
+
+
+def _centred_blocks(part: Part, boxes: list[Box], unit: float) -> list[Part]:
+    """A text region that is blocks side by side, each of lines centred on an axis of its own (a title page's
+    authors, a name over an affiliation and an address each, in one region), cut into those blocks, which the
+    cut reads as a row (``xycut``): read whole, in rows, the names came first, then the affiliations."""
+    if part.kind not in _TEXT:
+        return [part]
+    blocks: list[list[int]] = []
+    end = -float("inf")
+    for i in sorted(part.lines, key=lambda i: boxes[i][0]):
+        if boxes[i][0] > end:
+            blocks.append([])
+        blocks[-1].append(i)
+        end = max(end, boxes[i][2])
+    if len(blocks) < 2 or not all(centred([boxes[i] for i in block], unit) for block in blocks):
+        return [part]
+    return [Part(part.kind, union_box([boxes[i] for i in block]), sorted(block, key=lambda i: boxes[i][1]))
+            for block in blocks]
 
 
 def _stacked(part: Part, boxes: list[Box], gap: float) -> list[Part]:

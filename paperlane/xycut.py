@@ -145,13 +145,13 @@ def _row(run: list[Part]) -> bool:
 
 
 def centred(boxes: list[Box], unit: float) -> bool:
-    """Whether lines of unlike widths (their left ends at least a line height apart) are each centred on the same
-    axis (within half a line height): an author's name, affiliation and address, not a paragraph's lines."""
+    """Whether lines of unlike widths (their left ends at least half a line height apart) are each centred on the
+    same axis (within half a line height): an author's name, affiliation and address, not a paragraph's lines."""
     if len(boxes) < 2:
         return False
     centres = [(b[0] + b[2]) / 2 for b in boxes]
     lefts = [b[0] for b in boxes]
-    return max(centres) - min(centres) <= unit / 2 and max(lefts) - min(lefts) >= unit
+    return max(centres) - min(centres) <= unit / 2 and max(lefts) - min(lefts) >= unit / 2
 
 
 def _floats(columns: list[list[Part]] | None) -> bool:

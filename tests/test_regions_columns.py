@@ -137,3 +137,18 @@ def test_a_footnote_under_columns_that_end_together_is_read_after_them_all() -> 
     read, _ = _read([*a, *b, *note], regions)
 
     assert read == _names(a, b, note)
+
+
+def test_authors_in_one_region_are_read_author_by_author() -> None:
+    # Four authors in a row, each a name over an address, centred, narrower than a column; the model drew one
+    # region over them all. Read whole, in rows: the names first, then the addresses.
+    title = [Line(text="Title", quad=_quad(200, 40, 800, 30))]
+    authors = [_centred(name, centre, 100, (150, 100)) for name, centre in
+               (("Au", 200), ("Bu", 470), ("Cu", 740), ("Du", 1010))]
+    left, right = _column("L", 100, 220, 480, 12), _column("R", 620, 220, 480, 12)
+    regions = [Found("title", _box(title, pad=2)), Found("text", _box([ln for a in authors for ln in a], pad=2)),
+               Found("text", _box(left, pad=2)), Found("text", _box(right, pad=2))]
+
+    read, _ = _read([*title, *(ln for a in authors for ln in a), *left, *right], regions)
+
+    assert read == _names(title, *authors, left, right)
