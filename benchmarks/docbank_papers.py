@@ -20,8 +20,9 @@ Each page is rendered by pdfium at 200 dpi (DocBank's own images), or at 72 dpi 
 
 A folder of other papers' PDFs (``<paper>.pdf``, no DocBank files beside them) is read the same way, every paper
 developed on, in rows named after the folder (``papers-<folder>``). At stop 46 this was 19 papers in the ACL
-conference templates of 2019 to 2022 from public GitHub repositories (their sources in the closing note), the
-template of HRDoc's ACL Anthology pages: more pages of the kind the measure half's failing row is made of.
+conference templates of 2019 to 2022 and 14 ACL Anthology proceedings papers of 2021 (ACL, NAACL), from public
+GitHub repositories (their sources in the closing note), in the templates of HRDoc's ACL Anthology pages: more
+pages of the kind the measure half's failing row is made of.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from paperlane.schemas import BlockKind
 
 PICTURE_KINDS = frozenset({BlockKind.TABLE, BlockKind.OTHER})  # a layout model's tables, figures and formulas
 RESUME_GAP = 3  # paragraph gaps: a heading further below a run of columns (a title page's authors) starts a run
+GOES_ON = 6  # paragraph gaps: text this tall under one column is that column going on (a footnote is less)
 
 
 @dataclass
@@ -82,8 +83,9 @@ class Cut:
         for k, band in enumerate(bands):
             if runs and self._columns(runs[-1] + band) and not _row(runs[-1]):
                 above = self._columns(runs[-1])
+                rest = bands[k + 1:]
                 if (above and self._columns(band)) or self._near(runs[-1], band) or _floats(above) or (
-                        above and (self._resumed(runs[-1], band, bands[k + 1:]) or self._goes_on(above, band))):
+                        above and (self._resumed(runs[-1], band, rest) or self._goes_on(above, band, rest))):
                     runs[-1] = runs[-1] + band
                     continue
             runs.append(band)
@@ -105,20 +107,35 @@ class Cut:
                 return True
         return False
 
-    def _goes_on(self, columns: list[list[Part]], band: list[Part]) -> bool:
+    def _goes_on(self, columns: list[list[Part]], band: list[Part], below: list[list[Part]]) -> bool:
         """Whether ``band`` (no columns of its own), less than ``RESUME_GAP`` paragraph gaps below a run of
-        ``columns``, stands within one of them that already ran on alone, more than ``RESUME_GAP`` paragraph gaps
-        below every other column's foot: that column goes on under its neighbour's end (the last page's
-        conclusion, under the right column's references), and is read before the column after it. A footnote
-        under columns that end together stays after them all."""
+        ``columns``, stands within one of them and is that column going on under its neighbour's end (the last
+        page's conclusion under the right column's references, the left column's last references): the column
+        already ran on alone, more than ``RESUME_GAP`` paragraph gaps below every other column's foot, or the
+        band and those ``below`` it in the same column, each less than ``RESUME_GAP`` paragraph gaps under the
+        one before, run at least ``GOES_ON`` paragraph gaps down. It is read before the column after it. A
+        footnote, a line or two under columns that end together, stays after them all."""
         reach = RESUME_GAP * self.paragraph_gap
         if _gap([p for col in columns for p in col], band) >= reach:
             return False
-        x0, x1 = min(p.box[0] for p in band), max(p.box[2] for p in band)
         feet = [max(p.box[3] for p in col) for col in columns]
-        return any(min(p.box[0] for p in col) - self.slack <= x0 and x1 <= max(p.box[2] for p in col) + self.slack
-                   and all(foot - other > reach for other in feet[:k] + feet[k + 1:])
-                   for k, (col, foot) in enumerate(zip(columns, feet)))
+        for k, col in enumerate(columns):
+            x0, x1 = min(p.box[0] for p in col) - self.slack, max(p.box[2] for p in col) + self.slack
+
+            def inside(b: list[Part], x0: float = x0, x1: float = x1) -> bool:
+                return x0 <= min(p.box[0] for p in b) and max(p.box[2] for p in b) <= x1
+
+            if not inside(band):
+                continue
+            last = band
+            for b in below:
+                if not inside(b) or _gap(last, b) >= reach:
+                    break
+                last = b
+            tall = max(p.box[3] for p in last) - min(p.box[1] for p in band) >= GOES_ON * self.paragraph_gap
+            if tall or all(feet[k] - other > reach for other in feet[:k] + feet[k + 1:]):
+                return True
+        return False
 
     def _near(self, run: list[Part], band: list[Part]) -> bool:
         return _gap(run, band) < self.paragraph_gap

@@ -152,3 +152,15 @@ def test_authors_in_one_region_are_read_author_by_author() -> None:
     read, _ = _read([*title, *(ln for a in authors for ln in a), *left, *right], regions)
 
     assert read == _names(title, *authors, left, right)
+
+
+def test_a_column_s_last_references_under_its_neighbour_s_end_are_read_in_that_column() -> None:
+    # Both columns run nearly to the same height; then the left one goes on with three more references, each a
+    # region of its own a paragraph's gap under the one before: together as tall as a column's piece, no footnote.
+    a, b = _column("A", 100, 100, 480, 20), _column("B", 620, 100, 480, 19)
+    refs = [_column(name, 100, 720 + 100 * k, 480, 3) for k, name in enumerate(("P", "Q", "S"))]
+    regions = [Found("text", _box(g, pad=2)) for g in (a, b, *refs)]
+
+    read, _ = _read([*a, *b, *(ln for r in refs for ln in r)], regions)
+
+    assert read == _names(a, *refs, b)
