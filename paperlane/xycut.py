@@ -120,22 +120,22 @@ class Cut:
             return False
         feet = [max(p.box[3] for p in col) for col in columns]
         for k, col in enumerate(columns):
-            x0, x1 = min(p.box[0] for p in col) - self.slack, max(p.box[2] for p in col) + self.slack
-
-            def inside(b: list[Part], x0: float = x0, x1: float = x1) -> bool:
-                return x0 <= min(p.box[0] for p in b) and max(p.box[2] for p in b) <= x1
-
-            if not inside(band):
+            if not self._within(band, col):
                 continue
             last = band
             for b in below:
-                if not inside(b) or _gap(last, b) >= reach:
+                if not self._within(b, col) or _gap(last, b) >= reach:
                     break
                 last = b
             tall = max(p.box[3] for p in last) - min(p.box[1] for p in band) >= GOES_ON * self.paragraph_gap
             if tall or all(feet[k] - other > reach for other in feet[:k] + feet[k + 1:]):
                 return True
         return False
+
+    def _within(self, band: list[Part], column: list[Part]) -> bool:
+        """Whether ``band`` stands within the width of ``column`` (give or take the slack)."""
+        return (min(p.box[0] for p in column) - self.slack <= min(p.box[0] for p in band)
+                and max(p.box[2] for p in band) <= max(p.box[2] for p in column) + self.slack)
 
     def _near(self, run: list[Part], band: list[Part]) -> bool:
         return _gap(run, band) < self.paragraph_gap
